@@ -1,0 +1,1 @@
+"""Edges of Nereus: CLI, HTTP timer API, Kafka, the local destination, clock sources."""

@@ -1,0 +1,125 @@
+"""Nereus kernel: the pure shard state machine.
+
+`reduce(state, entry) -> (state, effects)` folds the shard log. Nothing in this package
+performs I/O, reads a clock or draws randomness; `tests/test_kernel_purity.py` enforces it.
+"""
+
+from kernel.codes import APPLIED_CODES, Code
+from kernel.config import KernelConfig
+from kernel.digest import state_digest
+from kernel.effects import (
+    DeadLetter,
+    Effect,
+    EntryOutcome,
+    Publish,
+    RevokeClaim,
+    TimelinePut,
+    TimelineRemove,
+)
+from kernel.invariants import InvariantViolation, assert_invariants
+from kernel.keys import attempt_prefix, message_id, parse_timeline_key, timeline_key
+from kernel.model import (
+    Attempt,
+    AttemptStatus,
+    Counters,
+    Lane,
+    Message,
+    Obligation,
+    PayloadRef,
+    ShardMeta,
+    Status,
+    Table,
+    TimelineWork,
+)
+from kernel.records import (
+    Cancel,
+    Capability,
+    Capacity,
+    ClaimResult,
+    Evidence,
+    Expire,
+    LaneGate,
+    LogEntry,
+    NotPublished,
+    PublishAdmission,
+    Published,
+    PublishOutcome,
+    Record,
+    Reschedule,
+    Schedule,
+    ShardState,
+    Unknown,
+    decode_entry,
+    encode_entry,
+)
+from kernel.reducer import fold, reduce
+from kernel.state import MappingBase, State, StateBase
+from kernel.timing import (
+    UNBOUNDED,
+    Decision,
+    TimingLimits,
+    TrustedInterval,
+    decide,
+    validate_timing,
+)
+
+__all__ = [
+    "APPLIED_CODES",
+    "UNBOUNDED",
+    "Attempt",
+    "AttemptStatus",
+    "Cancel",
+    "Capability",
+    "Capacity",
+    "ClaimResult",
+    "Code",
+    "Counters",
+    "DeadLetter",
+    "Decision",
+    "Effect",
+    "EntryOutcome",
+    "Evidence",
+    "Expire",
+    "InvariantViolation",
+    "KernelConfig",
+    "Lane",
+    "LaneGate",
+    "LogEntry",
+    "MappingBase",
+    "Message",
+    "NotPublished",
+    "Obligation",
+    "PayloadRef",
+    "Publish",
+    "PublishAdmission",
+    "PublishOutcome",
+    "Published",
+    "Record",
+    "Reschedule",
+    "RevokeClaim",
+    "Schedule",
+    "ShardMeta",
+    "ShardState",
+    "State",
+    "StateBase",
+    "Status",
+    "Table",
+    "TimelinePut",
+    "TimelineRemove",
+    "TimelineWork",
+    "TimingLimits",
+    "TrustedInterval",
+    "Unknown",
+    "assert_invariants",
+    "attempt_prefix",
+    "decide",
+    "decode_entry",
+    "encode_entry",
+    "fold",
+    "message_id",
+    "parse_timeline_key",
+    "reduce",
+    "state_digest",
+    "timeline_key",
+    "validate_timing",
+]

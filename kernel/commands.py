@@ -1,0 +1,241 @@
+"""Client commands: schedule (an upsert), reschedule (timing only) and cancel.
+
+Theory of operation: a command is validated field by field, then its verdict comes from the
+lifecycle table (`kernel.rules`) given the message's current status. A command that wins
+before Publish Admission supersedes or ends the pending generation and revokes any local
+claim on it; after Admission it answers too_late with the attempt that crossed, because the
+log cannot pretend that no destination action happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from kernel.codes import Code
+from kernel.keys import message_id
+from kernel.model import Message, Status
+from kernel.records import Cancel, Reschedule, Schedule
+from kernel.rules import SAME, Rule, rule
+from kernel.step import Step
+from kernel.timing import validate_timing
+from kernel.validation import (
+    action_at,
+    check_capability,
+    check_headers,
+    check_identity,
+    check_payload,
+    check_txn,
+    resolve_timing,
+)
+
+
+def request_digest(kind: bytes, record: Schedule | Reschedule) -> str:
+    """What "an identical retry" compares: the request as sent (relative times stay
+    relative), minus its precondition."""
+    body = msgspec.structs.replace(record, expected_version=None)
+    return hashlib.blake2b(kind + msgspec.msgpack.encode(body), digest_size=16).hexdigest()
+
+
+def _accepts_commands(step: Step) -> bool:
+    return step.shard_status != "FROZEN"
+
+
+def _verdict_for(op: str, current: Message | None, condition: str) -> Rule:
+    return rule(op, "ABSENT" if current is None else str(current.status), condition)
+
+
+def _check_version(step: Step, expected: int | None, current: Message | None) -> bool:
+    if expected is not None and expected != (current.version if current else 0):
+        step.rejected(Code.VERSION_MISMATCH, current)
+        return False
+    return True
+
+
+def _too_late(step: Step, current: Message, txn: str | None = None) -> None:
+    step.rejected(
+        Code.TOO_LATE,
+        current,
+        txn=txn,
+        attempt_id=current.last_attempt_id,
+        evidence=current.evidence,
+    )
+
+
+def schedule(step: Step, r: Schedule) -> None:
+    cfg = step.config
+    code = (
+        (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE)
+        or check_identity(r.tenant, r.queue, r.timer_key, cfg)
+        or check_txn(r.txn, cfg)
+        or check_payload(r.payload_digest, r.payload_size, cfg)
+        or check_headers(r.headers, cfg)
+        or check_capability(r.capability, cfg)
+    )
+    if code is not None:
+        return step.rejected(code)
+    timing = resolve_timing(
+        step.bp_ms,
+        deliver_at_ms=r.deliver_at_ms,
+        delay_ms=r.delay_ms,
+        expire_at_ms=r.expire_at_ms,
+        lifetime_ms=r.lifetime_ms,
+        config=cfg,
+    )
+    if isinstance(timing, Code):
+        return step.rejected(timing)
+    deliver_at_ms, expire_at_ms = timing
+    code = validate_timing(step.bp_ms, deliver_at_ms, expire_at_ms, cfg.limits)
+    if code is not None:
+        return step.rejected(code)
+
+    mid = message_id(r.tenant, r.queue, r.timer_key)
+    current = step.message(mid)
+    if not _check_version(step, r.expected_version, current):
+        return None
+    digest = request_digest(b"schedule", r)
+    identical = current is not None and current.request_digest == digest
+    verdict = _verdict_for("schedule", current, "identical" if identical else "changed")
+    if verdict.code is Code.UNCHANGED:
+        return step.applied(Code.UNCHANGED, current)
+    if verdict.code is Code.TOO_LATE:
+        assert current is not None
+        return _too_late(step, current, r.txn)
+    if (
+        current is not None
+        and current.status is Status.SCHEDULED
+        and (current.destination != r.destination or current.capability != r.capability)
+    ):
+        return step.rejected(Code.DESTINATION_CHANGED, current)
+
+    message = Message(
+        message_id=mid,
+        tenant=r.tenant,
+        queue=r.queue,
+        timer_key=r.timer_key,
+        generation=(current.generation + 1) if current else 1,
+        version=(current.version + 1) if current else 1,
+        status=Status.SCHEDULED,
+        txn=r.txn,
+        payload_digest=r.payload_digest,
+        payload_size=r.payload_size,
+        partition_key=r.partition_key,
+        headers=r.headers,
+        destination=r.destination,
+        capability=r.capability,
+        producer_sub=r.producer_sub,
+        encrypted=r.encrypted,
+        deliver_at_ms=deliver_at_ms,
+        expire_at_ms=expire_at_ms,
+        action_at_ms=action_at(deliver_at_ms, r.capability),
+        request_digest=digest,
+        attempts_spent=0,
+        failures=0,
+        last_error=None,
+        last_attempt_id=None,
+        evidence=None,
+        created_at_ms=step.bp_ms,
+        updated_at_ms=step.bp_ms,
+        created_position=step.position,
+        updated_position=step.position,
+    )
+    _replace_generation(step, current, message, verdict)
+
+
+def _replace_generation(
+    step: Step, current: Message | None, message: Message, verdict: Rule
+) -> None:
+    assert verdict.new_generation and verdict.to_status is not SAME
+    if current is not None and current.status is Status.SCHEDULED:
+        step.remove_timeline(current)
+        step.revoke(current, verdict.code)
+    step.put_message(current, message)
+    step.put_timeline(message, "deliver")
+    step.applied(verdict.code, message)
+
+
+def reschedule(step: Step, r: Reschedule) -> None:
+    cfg = step.config
+    code = (
+        (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE)
+        or check_identity(r.tenant, r.queue, r.timer_key, cfg)
+        or check_txn(r.txn, cfg)
+    )
+    if code is not None:
+        return step.rejected(code)
+    timing = resolve_timing(
+        step.bp_ms,
+        deliver_at_ms=r.deliver_at_ms,
+        delay_ms=r.delay_ms,
+        expire_at_ms=r.expire_at_ms,
+        lifetime_ms=r.lifetime_ms,
+        config=cfg,
+    )
+    if isinstance(timing, Code):
+        return step.rejected(timing)
+    deliver_at_ms, expire_at_ms = timing
+    code = validate_timing(step.bp_ms, deliver_at_ms, expire_at_ms, cfg.limits)
+    if code is not None:
+        return step.rejected(code)
+
+    current = step.message(message_id(r.tenant, r.queue, r.timer_key))
+    if not _check_version(step, r.expected_version, current):
+        return None
+    digest = request_digest(b"reschedule", r)
+    identical = current is not None and current.request_digest == digest
+    verdict = _verdict_for("reschedule", current, "identical" if identical else "changed")
+    if verdict.code is Code.UNCHANGED:
+        return step.applied(Code.UNCHANGED, current)
+    if verdict.code is Code.ABSENT:
+        return step.rejected(Code.ABSENT, txn=r.txn)
+    assert current is not None
+    if verdict.code is Code.TOO_LATE:
+        return _too_late(step, current, r.txn)
+
+    # A rescheduled timer is a new timer under an old name: fresh budget, no last error.
+    message = msgspec.structs.replace(
+        current,
+        generation=current.generation + 1,
+        version=current.version + 1,
+        txn=r.txn,
+        deliver_at_ms=deliver_at_ms,
+        expire_at_ms=expire_at_ms,
+        action_at_ms=action_at(deliver_at_ms, current.capability),
+        request_digest=digest,
+        attempts_spent=0,
+        failures=0,
+        last_error=None,
+        last_attempt_id=None,
+        updated_at_ms=step.bp_ms,
+        updated_position=step.position,
+    )
+    _replace_generation(step, current, message, verdict)
+
+
+def cancel(step: Step, r: Cancel) -> None:
+    code = (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE) or check_identity(
+        r.tenant, r.queue, r.timer_key, step.config
+    )
+    if code is not None:
+        return step.rejected(code, txn=r.txn)
+    current = step.message(message_id(r.tenant, r.queue, r.timer_key))
+    if not _check_version(step, r.expected_version, current):
+        return None
+    verdict = _verdict_for("cancel", current, "-")
+    if verdict.code is Code.ABSENT:
+        return step.rejected(Code.ABSENT, txn=r.txn)
+    assert current is not None
+    if verdict.code is Code.TOO_LATE:
+        return _too_late(step, current, r.txn)
+    canceled = msgspec.structs.replace(
+        current,
+        status=Status.CANCELED,
+        version=current.version + 1,
+        updated_at_ms=step.bp_ms,
+        updated_position=step.position,
+    )
+    step.remove_timeline(current)
+    step.revoke(current, Code.CANCELED)
+    step.put_message(current, canceled)
+    step.applied(Code.CANCELED, canceled, txn=r.txn or current.txn)

@@ -1,0 +1,81 @@
+"""Effects: what the reducer asks the outside world to do, as plain values.
+
+Theory of operation: the reducer never performs I/O; it returns effects and the runtime
+performs them *after* the batch that produced them is durably committed. Every entry yields
+exactly one `EntryOutcome` first (the reply to a command, or the verdict on a mutation);
+other effects follow in the order the runtime should perform them. An effect is identified by
+(entry position, index in the returned tuple), which is stable under replay.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kernel.codes import Code
+from kernel.model import TimelineWork
+from kernel.records import Evidence
+
+
+class EntryOutcome(msgspec.Struct, frozen=True):
+    position: int
+    record_type: str
+    applied: bool
+    code: Code
+    message_id: str | None = None
+    generation: int | None = None
+    version: int | None = None
+    txn: str | None = None
+    deliver_at_ms: int | None = None
+    # For too_late: which attempt crossed Admission and, if known, where it landed.
+    attempt_id: str | None = None
+    evidence: Evidence | None = None
+
+
+class TimelinePut(msgspec.Struct, frozen=True):
+    key: bytes
+    action_at_ms: int
+    work: TimelineWork
+
+
+class TimelineRemove(msgspec.Struct, frozen=True):
+    key: bytes
+
+
+class Publish(msgspec.Struct, frozen=True):
+    """Send this admitted attempt. Only valid after the entry's batch is durable."""
+
+    position: int
+    attempt_id: str
+    message_id: str
+    generation: int
+    claim_id: str
+    descriptor_hash: str
+    destination: str
+    deliver_at_ms: int
+    # When the target may reveal the record: deliverAt for immediate targets,
+    # deliverAt + clock-ahead bound for a delayed handoff.
+    visible_at_ms: int
+
+
+class RevokeClaim(msgspec.Struct, frozen=True):
+    """Drop a local claim. With `claim_id`, only that claim (a stale Admission must not
+    revoke the winning claim that is sending); without, every claim on the generation."""
+
+    message_id: str
+    generation: int
+    reason: Code
+    claim_id: str | None = None
+
+
+class DeadLetter(msgspec.Struct, frozen=True):
+    """Copy the message to its destination's dead-letter queue. Its attempt history is the
+    ATTEMPTS key range `attempt_prefix(message_id, generation)`."""
+
+    message_id: str
+    generation: int
+    attempts_spent: int
+    failures: int
+    last_error: str | None
+
+
+Effect = EntryOutcome | TimelinePut | TimelineRemove | Publish | RevokeClaim | DeadLetter

@@ -1,0 +1,52 @@
+"""Identities and table keys.
+
+Theory of operation: a timer's identity is (tenant, queue, timer_key); its message id is a
+hash of that identity, so every process derives the same id without a lookup and a retry
+lands on the same row. Table keys are bytes whose lexicographic order is the order storage
+and scans need: the timeline key starts with actionAt as a big-endian integer shifted to be
+non-negative, so an LMDB cursor walks work in due order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+from kernel.timing import MIN_TIME_MS
+
+_TIMELINE = struct.Struct(">Q16sQ")
+MESSAGE_ID_BYTES = 16
+
+
+def message_id(tenant: str, queue: str, timer_key: str) -> str:
+    """Stable across processes and versions: never change this function."""
+    h = hashlib.blake2b(digest_size=MESSAGE_ID_BYTES, person=b"nereus.msgid.v1")
+    h.update(tenant.encode())
+    h.update(b"\x00")
+    h.update(queue.encode())
+    h.update(b"\x00")
+    h.update(timer_key.encode())
+    return h.hexdigest()
+
+
+def attempt_prefix(message_id_hex: str, generation: int) -> str:
+    """Attempt ids must start with this, so one generation's attempts are one key range."""
+    return f"{message_id_hex}.{generation}."
+
+
+def lane_id(tenant: str, queue: str) -> str:
+    return f"{tenant}\x00{queue}"
+
+
+def str_key(value: str) -> bytes:
+    return value.encode()
+
+
+def timeline_key(action_at_ms: int, message_id_hex: str, generation: int) -> bytes:
+    return _TIMELINE.pack(action_at_ms - MIN_TIME_MS, bytes.fromhex(message_id_hex), generation)
+
+
+def parse_timeline_key(key: bytes) -> tuple[int, str, int]:
+    """(action_at_ms, message_id, generation)"""
+    shifted, mid, generation = _TIMELINE.unpack(key)
+    return shifted + MIN_TIME_MS, mid.hex(), generation

@@ -1,0 +1,192 @@
+"""The values the shard state is made of.
+
+Theory of operation: state is a set of tables (`Table`) mapping encoded keys to frozen
+msgspec values, plus one small `ShardMeta` value that changes on every entry. Storage keeps
+the tables in LMDB sub-databases with the same keys, so these types are also the on-disk
+schema (see `specs/records.md` for the field meanings). Message status describes the
+*current generation*; attempts are kept per attempt id and outlive generations.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+import msgspec
+
+from kernel.records import Capability, Evidence, ShardStatus
+
+
+class Table(StrEnum):
+    MESSAGES = "messages"  # message_id -> Message
+    ATTEMPTS = "attempts"  # attempt_id -> Attempt (the ledger)
+    OBLIGATIONS = "obligations"  # attempt_id -> Obligation (PUBLISHING and UNKNOWN only)
+    TIMELINE = "timeline"  # actionAt|message_id|generation -> TimelineWork
+    LANES = "lanes"  # tenant\0queue -> Lane (absent means OPEN)
+    PAYLOADS = "payloads"  # payload digest -> PayloadRef
+
+
+TABLES: tuple[Table, ...] = tuple(Table)
+
+
+class Status(StrEnum):
+    SCHEDULED = "SCHEDULED"  # pending: waiting for actionAt, or in retry backoff
+    PUBLISHING = "PUBLISHING"  # an admitted attempt is open
+    UNCERTAIN = "UNCERTAIN"  # an attempt is UNKNOWN: it may or may not be at the destination
+    DELIVERED = "DELIVERED"
+    CANCELED = "CANCELED"
+    EXPIRED = "EXPIRED"
+    DEAD_LETTERED = "DEAD_LETTERED"
+
+
+# Statuses whose generation may still reach the destination or already has.
+LIVE_STATUSES = frozenset({Status.SCHEDULED, Status.PUBLISHING, Status.UNCERTAIN})
+# Statuses that hold a reference to the payload bytes. A dead-lettered message keeps its
+# payload: the dead-letter copy is written from it after the batch commits.
+PAYLOAD_HOLDING = LIVE_STATUSES | {Status.DEAD_LETTERED}
+
+
+class AttemptStatus(StrEnum):
+    PUBLISHING = "PUBLISHING"
+    PUBLISHED = "PUBLISHED"
+    NOT_PUBLISHED = "NOT_PUBLISHED"
+    UNKNOWN = "UNKNOWN"
+
+
+OPEN_ATTEMPT_STATUSES = frozenset({AttemptStatus.PUBLISHING, AttemptStatus.UNKNOWN})
+
+
+class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    message_id: str
+    tenant: str
+    queue: str
+    timer_key: str
+    generation: int
+    version: int
+    status: Status
+    txn: str
+    payload_digest: str
+    payload_size: int
+    partition_key: str | None
+    headers: tuple[tuple[str, str], ...]
+    destination: str
+    capability: Capability
+    producer_sub: str | None
+    encrypted: bool
+    deliver_at_ms: int
+    expire_at_ms: int
+    action_at_ms: int  # the timeline key's time while SCHEDULED
+    request_digest: str  # identical-retry detection for SCHEDULE_V1
+    attempts_spent: int  # budget spent this generation (permanent failures only)
+    failures: int  # all failures this generation; the backoff exponent
+    last_error: str | None
+    last_attempt_id: str | None
+    evidence: Evidence | None  # set when DELIVERED
+    created_at_ms: int
+    updated_at_ms: int
+    created_position: int
+    updated_position: int
+
+
+class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    attempt_id: str
+    message_id: str
+    generation: int
+    status: AttemptStatus
+    destination: str
+    descriptor_hash: str
+    claim_id: str
+    owner: str
+    admitted_position: int
+    admitted_at_ms: int
+    resolved_position: int | None = None
+    resolved_at_ms: int | None = None
+    disposition: str | None = None
+    error_code: str | None = None
+    evidence: Evidence | None = None
+
+
+class Obligation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An open producer obligation: the attempt may exist at the destination."""
+
+    message_id: str
+    generation: int
+    destination: str
+    admitted_position: int
+    admitted_at_ms: int
+
+
+class TimelineWork(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    kind: Literal["deliver", "retry"]
+    tenant: str
+    queue: str
+    message_id: str
+    generation: int
+    version: int
+    deliver_at_ms: int
+    expire_at_ms: int
+    payload_size: int
+
+
+class Lane(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    tenant: str
+    queue: str
+    gate: Literal["OPEN", "CLOSED"]
+    changed_position: int
+
+
+class PayloadRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    count: int
+    size: int
+
+
+class Counters(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Aggregates the ledger and the message table imply; invariants recompute them."""
+
+    scheduled: int = 0
+    publishing: int = 0
+    uncertain: int = 0
+    delivered: int = 0
+    canceled: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    attempts_publishing: int = 0
+    attempts_published: int = 0
+    attempts_not_published: int = 0
+    attempts_unknown: int = 0
+
+
+class ShardMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    position: int = 0  # the applied shard log position; 0 = nothing applied
+    last_persisted_at_ms: int = 0
+    shard_status: ShardStatus = "ACTIVE_FOR_COMMANDS"
+    counters: Counters = Counters()
+
+
+Value = Message | Attempt | Obligation | TimelineWork | Lane | PayloadRef
+
+VALUE_TYPES: dict[Table, type[Value]] = {
+    Table.MESSAGES: Message,
+    Table.ATTEMPTS: Attempt,
+    Table.OBLIGATIONS: Obligation,
+    Table.TIMELINE: TimelineWork,
+    Table.LANES: Lane,
+    Table.PAYLOADS: PayloadRef,
+}
+
+STATUS_COUNTER: dict[Status, str] = {
+    Status.SCHEDULED: "scheduled",
+    Status.PUBLISHING: "publishing",
+    Status.UNCERTAIN: "uncertain",
+    Status.DELIVERED: "delivered",
+    Status.CANCELED: "canceled",
+    Status.EXPIRED: "expired",
+    Status.DEAD_LETTERED: "dead_lettered",
+}
+
+ATTEMPT_COUNTER: dict[AttemptStatus, str] = {
+    AttemptStatus.PUBLISHING: "attempts_publishing",
+    AttemptStatus.PUBLISHED: "attempts_published",
+    AttemptStatus.NOT_PUBLISHED: "attempts_not_published",
+    AttemptStatus.UNKNOWN: "attempts_unknown",
+}

@@ -1,0 +1,248 @@
+"""The shard log's record catalogue.
+
+Theory of operation: one ordered shard log carries both client commands (schedule,
+reschedule, cancel) and system mutations (admissions, outcomes, claim results, expiries,
+gate and shard-state changes). Each record is a frozen msgspec Struct tagged with its
+versioned wire name (`SCHEDULE_V1`, ...); `Record` is the closed union of all of them, so a
+decoder either yields one of these types or raises `msgspec.ValidationError` — there is no
+"unknown record" value to mishandle. A record never carries the time it was written: that is
+the log's job (`LogEntry.persisted_at_ms`), so replay sees the same time as the live run.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from kernel.timing import TrustedInterval
+
+
+class _Tagged(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True):
+    """Base of every log record: frozen, tagged by its versioned name, strict on input."""
+
+
+class Capability(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the destination can do about time. `immediate` (Kafka, the local destination)
+    makes a record visible when it is sent, so the send waits for deliverAt. A
+    `delayed_handoff` target holds the record itself; the send may start `lead_ms` early
+    and asks the target to reveal it at deliverAt + `clock_ahead_bound_ms`, so even a target
+    whose clock runs ahead by the bound cannot show it before deliverAt."""
+
+    kind: Literal["immediate", "delayed_handoff"] = "immediate"
+    lead_ms: int = 0
+    clock_ahead_bound_ms: int = 0
+
+
+IMMEDIATE = Capability()
+
+
+class Schedule(_Tagged, tag="SCHEDULE_V1", frozen=True):
+    """Upsert a timer under (tenant, queue, timer_key). Exactly one of `deliver_at_ms`
+    (absolute) and `delay_ms` (relative to the entry's persistence time) is given; at most
+    one of `expire_at_ms` and `lifetime_ms` (relative to persistence time)."""
+
+    tenant: str
+    queue: str
+    timer_key: str
+    txn: str
+    payload_digest: str
+    payload_size: int
+    deliver_at_ms: int | None = None
+    delay_ms: int | None = None
+    expire_at_ms: int | None = None
+    lifetime_ms: int | None = None
+    partition_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    destination: str = "default"
+    capability: Capability = IMMEDIATE
+    expected_version: int | None = None
+    producer_sub: str | None = None
+    encrypted: bool = False
+
+
+class Reschedule(_Tagged, tag="RESCHEDULE_V1", frozen=True):
+    """New timing for a pending timer: a new generation with the same content and a new txn."""
+
+    tenant: str
+    queue: str
+    timer_key: str
+    txn: str
+    deliver_at_ms: int | None = None
+    delay_ms: int | None = None
+    expire_at_ms: int | None = None
+    lifetime_ms: int | None = None
+    expected_version: int | None = None
+
+
+class Cancel(_Tagged, tag="CANCEL_V1", frozen=True):
+    tenant: str
+    queue: str
+    timer_key: str
+    expected_version: int | None = None
+    txn: str | None = None
+
+
+class Capacity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The permits the admitting worker held; `granted` False means it should not have
+    proposed the Admission at all."""
+
+    granted: bool
+    lane_permits: int = 1
+    bytes_reserved: int = 0
+
+
+class PublishAdmission(_Tagged, tag="PUBLISH_ADMISSION_V1", frozen=True):
+    """The point of no return: if it wins, the attempt is PUBLISHING and only then may a
+    Producer be called. `message_id`, `generation` and `version` are the claim
+    precondition; the interval and capacity are the decisions the worker made."""
+
+    message_id: str
+    generation: int
+    version: int
+    attempt_id: str
+    claim_id: str
+    owner: str
+    descriptor_hash: str
+    capability: Capability
+    interval: TrustedInterval
+    capacity: Capacity
+
+
+class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a destination says the record is: enough to find it again."""
+
+    destination: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+class _Result(msgspec.Struct, frozen=True, tag_field="result", forbid_unknown_fields=True):
+    """Base of the three outcome classes, tagged by `result`."""
+
+
+class Published(_Result, tag="PUBLISHED", frozen=True):
+    evidence: Evidence
+
+
+class NotPublished(_Result, tag="NOT_PUBLISHED", frozen=True):
+    disposition: Literal["retriable", "permanent", "lane_unavailable"]
+    error_code: str
+    detail: str = ""
+
+
+class Unknown(_Result, tag="UNKNOWN", frozen=True):
+    reason: str
+    detail: str = ""
+
+
+PublishResult = Published | NotPublished | Unknown
+
+
+class PublishOutcome(_Tagged, tag="PUBLISH_OUTCOME_V1", frozen=True):
+    attempt_id: str
+    message_id: str
+    generation: int
+    result: PublishResult
+
+
+class ClaimResult(_Tagged, tag="CLAIM_RESULT_V1", frozen=True):
+    """A permanent error proven before any send (payload missing, too large for the target):
+    it spends one attempt like a permanent NOT_PUBLISHED, but no attempt was admitted."""
+
+    message_id: str
+    generation: int
+    version: int
+    claim_id: str
+    error_code: str
+    detail: str = ""
+
+
+class Expire(_Tagged, tag="EXPIRE_V1", frozen=True):
+    message_id: str
+    generation: int
+    version: int
+    interval: TrustedInterval
+
+
+class LaneGate(_Tagged, tag="LANE_GATE_V1", frozen=True):
+    tenant: str
+    queue: str
+    gate: Literal["OPEN", "CLOSED"]
+    reason: str = ""
+
+
+ShardStatus = Literal["ACTIVE_FOR_COMMANDS", "PAUSED", "FROZEN"]
+
+
+class ShardState(_Tagged, tag="SHARD_STATE_V1", frozen=True):
+    """ACTIVE_FOR_COMMANDS: normal. PAUSED: an operator stopped the fire (no admissions, no
+    expiries); commands, cancels included, still apply. FROZEN: read-only; commands are
+    rejected, admissions are stale; outcomes are still recorded because they report facts."""
+
+    state: ShardStatus
+    reason: str = ""
+
+
+Record = (
+    Schedule
+    | Reschedule
+    | Cancel
+    | PublishAdmission
+    | PublishOutcome
+    | ClaimResult
+    | Expire
+    | LaneGate
+    | ShardState
+)
+
+COMMAND_TYPES = (Schedule, Reschedule, Cancel)
+
+
+class LogEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A record at its place in the shard log. `persisted_at_ms` is the log's own
+    persistence time (the broker's LogAppendTime, or the embedded log's clamped clock)."""
+
+    position: int
+    persisted_at_ms: int
+    record: Record
+
+
+def record_type(record: Record) -> str:
+    """The versioned wire tag of a record, e.g. "SCHEDULE_V1"."""
+    tag = type(record).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+_json_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder(LogEntry)
+_mp_encoder = msgspec.msgpack.Encoder()
+_mp_decoder = msgspec.msgpack.Decoder(LogEntry)
+_record_mp_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def encode_entry(entry: LogEntry) -> bytes:
+    return _mp_encoder.encode(entry)
+
+
+def decode_entry(data: bytes) -> LogEntry:
+    """Raises msgspec.DecodeError / ValidationError on anything that is not an entry."""
+    return _mp_decoder.decode(data)
+
+
+def encode_record(record: Record) -> bytes:
+    return _mp_encoder.encode(record)
+
+
+def decode_record(data: bytes) -> Record:
+    return _record_mp_decoder.decode(data)
+
+
+def entry_to_json(entry: LogEntry) -> bytes:
+    return _json_encoder.encode(entry)
+
+
+def entry_from_json(data: bytes | str) -> LogEntry:
+    return _json_decoder.decode(data)

@@ -1,0 +1,72 @@
+"""`reduce(state, entry) -> (state, effects)`: the whole shard as a fold.
+
+Theory of operation: the reducer is pure and total. It checks the entry's place in the log
+(positions are dense; persistence time never goes backwards), then dispatches on the closed
+record union. Every entry yields exactly one `EntryOutcome` as the first effect. Invalid
+input is an outcome, never an exception; an exception means a broken invariant (a bug or a
+corrupt store) and the runtime must halt rather than guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kernel import commands, mutations
+from kernel.codes import Code
+from kernel.effects import Effect, EntryOutcome
+from kernel.records import (
+    Cancel,
+    ClaimResult,
+    Expire,
+    LaneGate,
+    LogEntry,
+    PublishAdmission,
+    PublishOutcome,
+    Reschedule,
+    Schedule,
+    ShardState,
+    record_type,
+)
+from kernel.state import State
+from kernel.step import Step
+
+
+def reduce(state: State, entry: LogEntry) -> tuple[State, tuple[Effect, ...]]:
+    expected = state.meta.position + 1
+    if entry.position != expected:
+        code = Code.POSITION_DUPLICATE if entry.position < expected else Code.POSITION_GAP
+        outcome = EntryOutcome(entry.position, record_type(entry.record), False, code)
+        return state, (outcome,)
+    step = Step(state, entry)
+    if entry.persisted_at_ms < state.meta.last_persisted_at_ms:
+        step.rejected(Code.PERSISTED_AT_REGRESSED)
+        return step.finish()
+    match entry.record:
+        case Schedule() as r:
+            commands.schedule(step, r)
+        case Reschedule() as r:
+            commands.reschedule(step, r)
+        case Cancel() as r:
+            commands.cancel(step, r)
+        case PublishAdmission() as r:
+            mutations.admission(step, r)
+        case PublishOutcome() as r:
+            mutations.outcome(step, r)
+        case ClaimResult() as r:
+            mutations.claim_result(step, r)
+        case Expire() as r:
+            mutations.expire(step, r)
+        case LaneGate() as r:
+            mutations.lane_gate(step, r)
+        case ShardState() as r:
+            mutations.shard_state(step, r)
+    return step.finish()
+
+
+def fold(state: State, entries: Iterable[LogEntry]) -> tuple[State, list[tuple[Effect, ...]]]:
+    """Reduce many entries, keeping every step's effects (for tests and small replays)."""
+    all_effects: list[tuple[Effect, ...]] = []
+    for entry in entries:
+        state, effects = reduce(state, entry)
+        all_effects.append(effects)
+    return state, all_effects

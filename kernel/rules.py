@@ -1,0 +1,136 @@
+"""The lifecycle transition rules, as data.
+
+Theory of operation: which verdict a record gets depends on the message's current status and
+one computed condition; that decision is this table and nothing else. The reducer looks rows
+up here (`rule()`), the table tests replay every row, and `specs/lifecycle.md` is generated
+from it (`python -m kernel.specgen`), so code, tests and docs cannot drift apart. Field
+validation and preconditions (identity, timing, versions, evidence) come before the table and
+are listed in `kernel/codes.py` in the order they are checked.
+
+`ABSENT` stands for "no row under this identity". Conditions:
+  identical      the command repeats the current generation's request exactly (same txn too)
+  changed        it does not
+  budget_left    after spending one attempt, attempts remain
+  budget_spent   after spending one attempt, none remain
+  -              the status alone decides
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+from kernel.codes import Code
+from kernel.model import Status
+
+ABSENT: Final = "ABSENT"
+ANY: Final = "-"
+SAME: Final = "="  # to_status: unchanged
+
+
+class Rule(NamedTuple):
+    op: str
+    from_status: str
+    condition: str
+    code: Code
+    to_status: str
+    new_generation: bool = False
+
+
+S, P, U, D = Status.SCHEDULED, Status.PUBLISHING, Status.UNCERTAIN, Status.DELIVERED
+C, E, X = Status.CANCELED, Status.EXPIRED, Status.DEAD_LETTERED
+FINISHED_PENDING_FREE = (C, E, X)
+
+_rows: list[Rule] = [
+    # schedule: an upsert on (tenant, queue, timer_key).
+    Rule("schedule", ABSENT, ANY, Code.SCHEDULED, S, True),
+    Rule("schedule", S, "identical", Code.UNCHANGED, SAME),
+    Rule("schedule", S, "changed", Code.RESCHEDULED, S, True),
+    Rule("schedule", P, "identical", Code.UNCHANGED, SAME),
+    Rule("schedule", P, "changed", Code.TOO_LATE, SAME),
+    Rule("schedule", U, "identical", Code.UNCHANGED, SAME),
+    Rule("schedule", U, "changed", Code.TOO_LATE, SAME),
+    # A delivered timer's exact retry must not deliver twice; new content is a new timer.
+    Rule("schedule", D, "identical", Code.UNCHANGED, SAME),
+    Rule("schedule", D, "changed", Code.SCHEDULED, S, True),
+    *(Rule("schedule", st, ANY, Code.SCHEDULED, S, True) for st in FINISHED_PENDING_FREE),
+    # reschedule: timing only, same content, new txn.
+    Rule("reschedule", ABSENT, ANY, Code.ABSENT, SAME),
+    Rule("reschedule", S, "identical", Code.UNCHANGED, SAME),
+    Rule("reschedule", S, "changed", Code.RESCHEDULED, S, True),
+    *(Rule("reschedule", st, "identical", Code.UNCHANGED, SAME) for st in (P, U, D)),
+    *(Rule("reschedule", st, "changed", Code.TOO_LATE, SAME) for st in (P, U, D)),
+    *(Rule("reschedule", st, ANY, Code.ABSENT, SAME) for st in FINISHED_PENDING_FREE),
+    # cancel: wins only before Publish Admission.
+    Rule("cancel", ABSENT, ANY, Code.ABSENT, SAME),
+    Rule("cancel", S, ANY, Code.CANCELED, C),
+    *(Rule("cancel", st, ANY, Code.TOO_LATE, SAME) for st in (P, U, D)),
+    *(Rule("cancel", st, ANY, Code.ABSENT, SAME) for st in FINISHED_PENDING_FREE),
+    # Publish Admission: only a pending generation can be admitted.
+    Rule("admission", S, ANY, Code.ADMITTED, P),
+    *(Rule("admission", st, ANY, Code.ADMISSION_STALE, SAME) for st in (P, U, D, C, E, X)),
+    Rule("admission", ABSENT, ANY, Code.ADMISSION_STALE, SAME),
+    # Claim result: a permanent pre-send error spends one attempt.
+    Rule("claim_result", S, "budget_left", Code.CLAIM_RESULT_RECORDED, S),
+    Rule("claim_result", S, "budget_spent", Code.CLAIM_RESULT_RECORDED, X),
+    *(Rule("claim_result", st, ANY, Code.CLAIM_RESULT_STALE, SAME) for st in (P, U, D, C, E, X)),
+    Rule("claim_result", ABSENT, ANY, Code.CLAIM_RESULT_STALE, SAME),
+    # Expiry: only when nothing is admitted.
+    Rule("expire", S, ANY, Code.EXPIRED, E),
+    *(Rule("expire", st, ANY, Code.EXPIRE_STALE, SAME) for st in (P, U, D, C, E, X)),
+    Rule("expire", ABSENT, ANY, Code.EXPIRE_STALE, SAME),
+    # Outcomes, by the message status that the open attempt implies.
+    Rule("outcome_published", P, ANY, Code.OUTCOME_RECORDED, D),
+    Rule("outcome_published", U, ANY, Code.OUTCOME_RECORDED, D),
+    Rule("outcome_retriable", P, ANY, Code.OUTCOME_RECORDED, S),
+    Rule("outcome_lane_unavailable", P, ANY, Code.OUTCOME_RECORDED, S),
+    Rule("outcome_permanent", P, "budget_left", Code.OUTCOME_RECORDED, S),
+    Rule("outcome_permanent", P, "budget_spent", Code.OUTCOME_RECORDED, X),
+    Rule("outcome_unknown", P, ANY, Code.OUTCOME_RECORDED, U),
+]
+
+LIFECYCLE: Final[tuple[Rule, ...]] = tuple(_rows)
+
+_INDEX: Final[dict[tuple[str, str, str], Rule]] = {
+    (r.op, r.from_status, r.condition): r for r in LIFECYCLE
+}
+assert len(_INDEX) == len(LIFECYCLE), "duplicate lifecycle rule"
+
+
+def rule(op: str, from_status: str, condition: str) -> Rule:
+    """The row for (op, status, condition); a row with condition '-' matches any condition.
+    A missing row is a programming error: the table is meant to be total for each op."""
+    found = _INDEX.get((op, from_status, condition)) or _INDEX.get((op, from_status, ANY))
+    if found is None:
+        raise LookupError(f"no lifecycle rule for {op} from {from_status} when {condition}")
+    return found
+
+
+class AttemptRule(NamedTuple):
+    from_status: str
+    result: str
+    code: Code
+    to_status: str
+
+
+# The attempt ledger: an attempt is resolved once, and UNKNOWN only by positive evidence.
+ATTEMPT_RULES: Final[tuple[AttemptRule, ...]] = (
+    AttemptRule("PUBLISHING", "PUBLISHED", Code.OUTCOME_RECORDED, "PUBLISHED"),
+    AttemptRule("PUBLISHING", "NOT_PUBLISHED", Code.OUTCOME_RECORDED, "NOT_PUBLISHED"),
+    AttemptRule("PUBLISHING", "UNKNOWN", Code.OUTCOME_RECORDED, "UNKNOWN"),
+    AttemptRule("UNKNOWN", "PUBLISHED", Code.OUTCOME_RECORDED, "PUBLISHED"),
+    AttemptRule("UNKNOWN", "NOT_PUBLISHED", Code.OUTCOME_ABSENCE_NOT_EVIDENCE, SAME),
+    AttemptRule("UNKNOWN", "UNKNOWN", Code.OUTCOME_ALREADY_RECORDED, SAME),
+    *(
+        AttemptRule(done, result, Code.OUTCOME_ALREADY_RECORDED, SAME)
+        for done in ("PUBLISHED", "NOT_PUBLISHED")
+        for result in ("PUBLISHED", "NOT_PUBLISHED", "UNKNOWN")
+    ),
+)
+
+_ATTEMPT_INDEX: Final[dict[tuple[str, str], AttemptRule]] = {
+    (r.from_status, r.result): r for r in ATTEMPT_RULES
+}
+
+
+def attempt_rule(from_status: str, result: str) -> AttemptRule:
+    return _ATTEMPT_INDEX[(from_status, result)]

@@ -1,0 +1,171 @@
+"""Shard state as an immutable base plus a small persistent overlay.
+
+Theory of operation: the reducer must be pure, yet the shard may hold millions of live
+timers; one big persistent map is too slow at that size (see ARCHITECTURE.md). So a `State`
+is a read-only `StateBase` (an LMDB read transaction, or a plain mapping) with a persistent
+overlay holding only what the current batch changed. Reads look in the overlay, then the
+base. After storage durably writes `changes()`, it calls `rebase()` with a base that already
+contains them, and the overlay starts empty again: memory is bounded by the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Final, Protocol, TypeVar, final
+
+from pyrsistent import PMap, pmap
+
+from kernel.config import KernelConfig
+from kernel.model import (
+    Attempt,
+    Lane,
+    Message,
+    Obligation,
+    PayloadRef,
+    ShardMeta,
+    Table,
+    TimelineWork,
+    Value,
+)
+
+
+class StateBase(Protocol):
+    """The read side storage must offer. Implementations must not change while a State
+    built on them is in use (an LMDB read transaction is a snapshot by construction)."""
+
+    def get(self, table: Table, key: bytes) -> Value | None: ...
+
+    def items(self, table: Table) -> Iterator[tuple[bytes, Value]]:
+        """All rows of a table in ascending key order."""
+        ...
+
+
+@final
+class MappingBase:
+    """A StateBase over plain mappings, for tests and in-memory replay."""
+
+    __slots__ = ("_tables",)
+
+    def __init__(self, tables: Mapping[Table, Mapping[bytes, Value]] | None = None) -> None:
+        self._tables: Mapping[Table, Mapping[bytes, Value]] = tables or {}
+
+    def get(self, table: Table, key: bytes) -> Value | None:
+        rows = self._tables.get(table)
+        return None if rows is None else rows.get(key)
+
+    def items(self, table: Table) -> Iterator[tuple[bytes, Value]]:
+        rows = self._tables.get(table, {})
+        for key in sorted(rows):
+            yield key, rows[key]
+
+
+EMPTY_BASE: Final = MappingBase()
+
+
+class _Deleted:
+    """Overlay tombstone: the row is deleted in this batch even if the base has it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DELETED"
+
+
+DELETED: Final = _Deleted()
+
+OverlayValue = Value | _Deleted
+Overlay = PMap[tuple[Table, bytes], OverlayValue]
+_EMPTY_OVERLAY: Overlay = pmap()
+
+V = TypeVar("V", bound=Value)
+
+
+@final
+class State:
+    __slots__ = ("base", "config", "meta", "overlay")
+
+    def __init__(
+        self,
+        config: KernelConfig,
+        meta: ShardMeta,
+        base: StateBase = EMPTY_BASE,
+        overlay: Overlay = _EMPTY_OVERLAY,
+    ) -> None:
+        self.config = config
+        self.meta = meta
+        self.base = base
+        self.overlay = overlay
+
+    @classmethod
+    def initial(cls, config: KernelConfig | None = None) -> State:
+        return cls(config or KernelConfig(), ShardMeta())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if hasattr(self, name):
+            raise AttributeError(f"State is immutable; cannot set {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"State(position={self.meta.position}, overlay={len(self.overlay)} rows)"
+
+    # Reads -------------------------------------------------------------------------------
+
+    def get(self, table: Table, key: bytes) -> Value | None:
+        found = self.overlay.get((table, key))
+        if found is None:
+            return self.base.get(table, key)
+        if isinstance(found, _Deleted):
+            return None
+        return found
+
+    def _typed(self, table: Table, key: bytes, kind: type[V]) -> V | None:
+        value = self.get(table, key)
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{table} row {key!r} holds {type(value).__name__}")
+        return value
+
+    def message(self, key: bytes) -> Message | None:
+        return self._typed(Table.MESSAGES, key, Message)
+
+    def attempt(self, key: bytes) -> Attempt | None:
+        return self._typed(Table.ATTEMPTS, key, Attempt)
+
+    def obligation(self, key: bytes) -> Obligation | None:
+        return self._typed(Table.OBLIGATIONS, key, Obligation)
+
+    def lane(self, key: bytes) -> Lane | None:
+        return self._typed(Table.LANES, key, Lane)
+
+    def payload(self, key: bytes) -> PayloadRef | None:
+        return self._typed(Table.PAYLOADS, key, PayloadRef)
+
+    def timeline(self, key: bytes) -> TimelineWork | None:
+        return self._typed(Table.TIMELINE, key, TimelineWork)
+
+    def items(self, table: Table) -> Iterator[tuple[bytes, Value]]:
+        """Merged rows in key order. Walks the whole base: for audits and tests, not for
+        the hot path."""
+        changed = {k: v for (t, k), v in self.overlay.items() if t == table}
+        merged: dict[bytes, Value] = {}
+        for key, value in self.base.items(table):
+            if key not in changed:
+                merged[key] = value
+        for key, change in changed.items():
+            if not isinstance(change, _Deleted):
+                merged[key] = change
+        for key in sorted(merged):
+            yield key, merged[key]
+
+    # Writes (each returns a new State) ---------------------------------------------------
+
+    def with_changes(self, meta: ShardMeta, overlay: Overlay) -> State:
+        return State(self.config, meta, self.base, overlay)
+
+    def changes(self) -> Iterator[tuple[Table, bytes, Value | None]]:
+        """What this batch changed, for storage: None means delete."""
+        for (table, key), value in self.overlay.items():
+            yield table, key, None if isinstance(value, _Deleted) else value
+
+    def rebase(self, base: StateBase) -> State:
+        """A State over `base`, which must already contain `changes()`."""
+        return State(self.config, self.meta, base, _EMPTY_OVERLAY)

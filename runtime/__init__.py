@@ -1,0 +1,1 @@
+"""Nereus runtime layer."""

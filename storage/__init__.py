@@ -1,0 +1,1 @@
+"""Nereus storage layer."""
