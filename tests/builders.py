@@ -1,0 +1,151 @@
+"""Builders for kernel tests: records with sensible defaults and a small shard harness.
+
+`Shard` appends records at dense positions with a persistence time the test controls, keeps
+every step's effects, and checks the invariants after each step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import kernel as k
+from kernel.effects import Effect, EntryOutcome, Publish
+
+DIGEST = hashlib.sha256(b"payload").hexdigest()
+OTHER_DIGEST = hashlib.sha256(b"other payload").hexdigest()
+T0_MS = 1_780_000_000_000
+TENANT = "acme"
+QUEUE = "reminders"
+
+
+def schedule(
+    key: str = "k1",
+    *,
+    txn: str = "txn-1",
+    delay_ms: int | None = 1_000,
+    deliver_at_ms: int | None = None,
+    tenant: str = TENANT,
+    queue: str = QUEUE,
+    digest: str = DIGEST,
+    size: int = 7,
+    **kwargs: object,
+) -> k.Schedule:
+    if deliver_at_ms is not None:
+        delay_ms = None
+    return k.Schedule(
+        tenant,
+        queue,
+        key,
+        txn,
+        digest,
+        size,
+        deliver_at_ms=deliver_at_ms,
+        delay_ms=delay_ms,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def mid(key: str = "k1", tenant: str = TENANT, queue: str = QUEUE) -> str:
+    return k.message_id(tenant, queue, key)
+
+
+def interval_at(now_ms: int, error_ms: int = 5) -> k.TrustedInterval:
+    return k.TrustedInterval(now_ms - error_ms, now_ms + error_ms)
+
+
+@dataclass
+class Shard:
+    """A kernel state plus the bookkeeping a test needs to drive it."""
+
+    config: k.KernelConfig = field(default_factory=k.KernelConfig)
+    now_ms: int = T0_MS
+    check_invariants: bool = True
+    state: k.State = field(init=False)
+    history: list[tuple[k.LogEntry, tuple[Effect, ...]]] = field(default_factory=list)
+    _attempt_seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.state = k.State.initial(self.config)
+
+    @property
+    def position(self) -> int:
+        return self.state.meta.position
+
+    def apply(self, record: k.Record, *, at_ms: int | None = None) -> EntryOutcome:
+        if at_ms is not None:
+            self.now_ms = at_ms
+        entry = k.LogEntry(self.position + 1, self.now_ms, record)
+        self.state, effects = k.reduce(self.state, entry)
+        self.history.append((entry, effects))
+        if self.check_invariants:
+            k.assert_invariants(self.state)
+        outcome = effects[0]
+        assert isinstance(outcome, EntryOutcome)
+        return outcome
+
+    @property
+    def last_effects(self) -> tuple[Effect, ...]:
+        return self.history[-1][1]
+
+    def message(self, key: str = "k1") -> k.Message | None:
+        return self.state.message(mid(key).encode())
+
+    def admission(
+        self,
+        key: str = "k1",
+        *,
+        attempt_id: str | None = None,
+        interval: k.TrustedInterval | None = None,
+        granted: bool = True,
+    ) -> k.PublishAdmission:
+        """An Admission for the message's current generation and version, as a worker that
+        claimed it right now would propose it."""
+        m = self.message(key)
+        assert m is not None, f"no message {key}"
+        self._attempt_seq += 1
+        return k.PublishAdmission(
+            message_id=m.message_id,
+            generation=m.generation,
+            version=m.version,
+            attempt_id=attempt_id
+            or f"{k.attempt_prefix(m.message_id, m.generation)}{self._attempt_seq}",
+            claim_id=f"claim-{self._attempt_seq}",
+            owner="node-a",
+            descriptor_hash="d" * 16,
+            capability=m.capability,
+            interval=interval or interval_at(self.now_ms),
+            capacity=k.Capacity(granted),
+        )
+
+    def admit(self, key: str = "k1") -> str:
+        """Move time to the message's actionAt and admit it; returns the attempt id."""
+        m = self.message(key)
+        assert m is not None
+        self.now_ms = max(self.now_ms, m.action_at_ms + 10)
+        record = self.admission(key)
+        outcome = self.apply(record)
+        assert outcome.code is k.Code.ADMITTED, outcome
+        return record.attempt_id
+
+    def outcome(
+        self, attempt_id: str, result: k.Published | k.NotPublished | k.Unknown
+    ) -> k.PublishOutcome:
+        attempt = self.state.attempt(attempt_id.encode())
+        assert attempt is not None
+        return k.PublishOutcome(attempt_id, attempt.message_id, attempt.generation, result)
+
+    def publishes(self) -> list[Publish]:
+        return [e for _, effects in self.history for e in effects if isinstance(e, Publish)]
+
+
+def published(offset: int = 0, at_ms: int = T0_MS) -> k.Published:
+    return k.Published(k.Evidence("reminders", 0, offset, at_ms))
+
+
+def not_published(disposition: str = "retriable", error: str = "broker_down") -> k.NotPublished:
+    return k.NotPublished(disposition, error)  # type: ignore[arg-type]
+
+
+def unknown(reason: str = "timeout") -> k.Unknown:
+    return k.Unknown(reason)
