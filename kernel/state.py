@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Final, Protocol, TypeVar, final
 
+import msgspec
 from pyrsistent import PMap, pmap
 
 from kernel.config import KernelConfig
@@ -80,30 +81,17 @@ _EMPTY_OVERLAY: Overlay = pmap()
 V = TypeVar("V", bound=Value)
 
 
-@final
-class State:
-    __slots__ = ("base", "config", "meta", "overlay")
+class State(msgspec.Struct, frozen=True):
+    """Immutable: every change makes a new State sharing the base and most of the overlay."""
 
-    def __init__(
-        self,
-        config: KernelConfig,
-        meta: ShardMeta,
-        base: StateBase = EMPTY_BASE,
-        overlay: Overlay = _EMPTY_OVERLAY,
-    ) -> None:
-        self.config = config
-        self.meta = meta
-        self.base = base
-        self.overlay = overlay
+    config: KernelConfig
+    meta: ShardMeta
+    base: StateBase = EMPTY_BASE
+    overlay: Overlay = _EMPTY_OVERLAY
 
     @classmethod
     def initial(cls, config: KernelConfig | None = None) -> State:
         return cls(config or KernelConfig(), ShardMeta())
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if hasattr(self, name):
-            raise AttributeError(f"State is immutable; cannot set {name!r}")
-        object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         return f"State(position={self.meta.position}, overlay={len(self.overlay)} rows)"
