@@ -7,12 +7,14 @@ import sys
 from collections.abc import Sequence
 
 from adapters import demo
+from replay import cli as replay_cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nereus", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register(sub)
+    replay_cli.register(sub)
     args = parser.parse_args(argv)
     handler = args.handler
     result: int = handler(args)

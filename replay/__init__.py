@@ -1,1 +1,1 @@
-"""Nereus replay layer."""
+"""Deterministic replay and audit tools: obligations, verify, point-in-time state."""

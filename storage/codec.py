@@ -1,0 +1,85 @@
+"""Framing of every value Nereus writes to LMDB.
+
+Theory of operation: LMDB checks its own page structure but not the bytes of values, so a
+flipped bit in a value would otherwise decode into a plausible wrong row. Every value is
+stored as `crc32(body) (4 bytes, big-endian) + body`, where body is msgpack; reads verify the
+checksum before decoding and raise `CorruptRecord` naming the table and key.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, TypeVar
+
+import msgspec
+
+from kernel.model import VALUE_TYPES, Table, Value
+from kernel.records import LogEntry
+from storage.errors import CorruptRecord
+
+T = TypeVar("T")
+
+_encoder = msgspec.msgpack.Encoder()
+_DECODERS: dict[Table, msgspec.msgpack.Decoder[Any]] = {
+    table: msgspec.msgpack.Decoder(kind) for table, kind in VALUE_TYPES.items()
+}
+_ENTRY_DECODER = msgspec.msgpack.Decoder(LogEntry)
+
+
+def frame(body: bytes) -> bytes:
+    return zlib.crc32(body).to_bytes(4, "big") + body
+
+
+def unframe(data: bytes, path: str, where: str) -> bytes:
+    if len(data) < 4:
+        raise CorruptRecord(path, "value shorter than its checksum", where)
+    body = data[4:]
+    if zlib.crc32(body).to_bytes(4, "big") != data[:4]:
+        raise CorruptRecord(path, "checksum mismatch: the stored value is damaged", where)
+    return body
+
+
+def encode_value(value: Value | msgspec.Struct) -> bytes:
+    return frame(_encoder.encode(value))
+
+
+def decode_value(table: Table, data: bytes, path: str, key: bytes) -> Value:
+    where = f"table {table.value}, key {key.hex()}"
+    body = unframe(data, path, where)
+    try:
+        value: Value = _DECODERS[table].decode(body)
+    except msgspec.MsgspecError as exc:
+        raise CorruptRecord(path, f"undecodable {table.value} row: {exc}", where) from exc
+    return value
+
+
+def encode_entry(entry: LogEntry) -> bytes:
+    return frame(_encoder.encode(entry))
+
+
+def decode_entry(data: bytes, path: str, position: int) -> LogEntry:
+    where = f"shard log position {position}"
+    body = unframe(data, path, where)
+    try:
+        entry = _ENTRY_DECODER.decode(body)
+    except msgspec.MsgspecError as exc:
+        raise CorruptRecord(path, f"undecodable log entry: {exc}", where) from exc
+    if entry.position != position:
+        raise CorruptRecord(path, f"entry claims position {entry.position}", where)
+    return entry
+
+
+def decode_struct(kind: type[T], data: bytes, path: str, where: str) -> T:
+    body = unframe(data, path, where)
+    try:
+        return msgspec.msgpack.decode(body, type=kind)
+    except msgspec.MsgspecError as exc:
+        raise CorruptRecord(path, f"undecodable {kind.__name__}: {exc}", where) from exc
+
+
+def position_key(position: int) -> bytes:
+    return position.to_bytes(8, "big")
+
+
+def key_position(key: bytes) -> int:
+    return int.from_bytes(key, "big")

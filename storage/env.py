@@ -1,0 +1,76 @@
+"""One LMDB environment per shard, with one named sub-database per table.
+
+Theory of operation: everything a shard needs to restart exactly — its log, its materialized
+tables, payload bytes, local claims and the store header — lives in one environment, so one
+write transaction can change any of it atomically and one `sync` makes it durable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from kernel.model import TABLES, Table
+from storage.errors import StoreError
+from storage.lmdbcheck import check_data_file
+
+LOG_DB = b"log"  # position (8 bytes BE) -> framed LogEntry
+PAYLOAD_BYTES_DB = b"payload_bytes"  # digest -> framed PayloadBlob
+CLAIMS_DB = b"claims"  # message id -> framed runtime claim
+META_DB = b"meta"  # header keys -> framed structs
+EXTRA_DBS = (LOG_DB, PAYLOAD_BYTES_DB, CLAIMS_DB, META_DB)
+
+
+@dataclass(frozen=True)
+class Env:
+    path: str
+    env: Any
+    tables: dict[Table, Any]
+    log: Any
+    payload_bytes: Any
+    claims: Any
+    meta: Any
+
+    @property
+    def data_file(self) -> str:
+        return os.path.join(self.path, "data.mdb")
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def open_env(path: str, *, map_size_bytes: int, sync: bool, create: bool) -> Env:
+    data_file = os.path.join(path, "data.mdb")
+    if not os.path.isdir(path):
+        if not create:
+            raise StoreError(path, "no store here (directory does not exist)")
+        os.makedirs(path, exist_ok=True)
+    elif not create and not os.path.exists(data_file):
+        raise StoreError(data_file, "no store here (data file missing)")
+    check_data_file(data_file)
+    try:
+        env = lmdb.open(
+            path,
+            map_size=map_size_bytes,
+            max_dbs=len(TABLES) + len(EXTRA_DBS) + 2,
+            sync=sync,
+            metasync=sync,
+            readahead=False,
+            create=create,
+        )
+        tables = {t: env.open_db(t.value.encode()) for t in TABLES}
+        extra = {name: env.open_db(name) for name in EXTRA_DBS}
+    except lmdb.Error as exc:
+        raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc
+    return Env(
+        path=path,
+        env=env,
+        tables=tables,
+        log=extra[LOG_DB],
+        payload_bytes=extra[PAYLOAD_BYTES_DB],
+        claims=extra[CLAIMS_DB],
+        meta=extra[META_DB],
+    )

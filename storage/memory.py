@@ -1,0 +1,73 @@
+"""An in-memory store with the same apply contract as `ShardStore`.
+
+Theory of operation: replay and tests need to fold a log without a disk. `MemoryStore` keeps
+each table in a dict, folds a batch over a `MappingBase` of those dicts, then writes the
+batch's overlay into them and rebases, exactly as the LMDB store does in one transaction.
+The overlay therefore never holds more than one batch. It is not durable and holds every row
+in Python objects, so it suits audits of logs that fit in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from kernel.config import KernelConfig
+from kernel.effects import Effect
+from kernel.model import TABLES, ShardMeta, Table, Value
+from kernel.records import LogEntry
+from kernel.reducer import reduce
+from kernel.state import MappingBase, State
+
+Observer = Callable[[LogEntry, tuple[Effect, ...]], None]
+
+
+class MemoryStore:
+    def __init__(
+        self,
+        config: KernelConfig | None = None,
+        *,
+        meta: ShardMeta | None = None,
+        tables: dict[Table, dict[bytes, Value]] | None = None,
+        batch_entries: int = 1000,
+    ) -> None:
+        self.config = config or KernelConfig()
+        self.tables: dict[Table, dict[bytes, Value]] = tables or {t: {} for t in TABLES}
+        self.batch_entries = batch_entries
+        self._state = State(self.config, meta or ShardMeta(), MappingBase(self.tables))
+
+    @property
+    def meta(self) -> ShardMeta:
+        return self._state.meta
+
+    @property
+    def state(self) -> State:
+        """The current state. Valid until the next `apply`: the dicts under it change."""
+        return self._state
+
+    def apply(self, entries: Iterable[LogEntry]) -> list[tuple[LogEntry, tuple[Effect, ...]]]:
+        results: list[tuple[LogEntry, tuple[Effect, ...]]] = []
+        self.feed(entries, lambda entry, effects: results.append((entry, effects)))
+        return results
+
+    def feed(self, entries: Iterable[LogEntry], observe: Observer | None = None) -> int:
+        """Fold entries without keeping their effects (beyond what `observe` keeps)."""
+        count = 0
+        state = self._state
+        for entry in entries:
+            state, effects = reduce(state, entry)
+            if observe is not None:
+                observe(entry, effects)
+            count += 1
+            if len(state.overlay) >= self.batch_entries:
+                state = self._flush(state)
+        self._state = self._flush(state)
+        return count
+
+    def _flush(self, state: State) -> State:
+        for table, key, value in state.changes():
+            rows = self.tables[table]
+            if value is None:
+                rows.pop(key, None)
+            else:
+                rows[key] = value
+        return state.rebase(MappingBase(self.tables))

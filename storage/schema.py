@@ -1,0 +1,90 @@
+"""The store's own header values and the schema version rule.
+
+Theory of operation: the header is written once when a store is created and checked on every
+open. `SCHEMA_VERSION` names the on-disk layout (sub-database names, key encodings, value
+framing and the kernel value types). A store of an older version is migrated forward by the
+steps in `MIGRATIONS` (none exist yet: version 1 is the first), a newer one is refused, and
+so is an older one with no migration path: guessing would corrupt it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from kernel.config import KernelConfig
+from storage.codec import decode_struct
+from storage.errors import StoreError
+
+SCHEMA_VERSION = 1
+HEADER_KEY = b"store_header"
+SHARD_META_KEY = b"shard_meta"
+LOG_INFO_KEY = b"log_info"
+
+# from-version -> function migrating an open write transaction to from-version + 1
+MIGRATIONS: dict[int, Callable[[Any], None]] = {}
+
+
+class StoreHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """`config` is the kernel configuration the store is folded with, kept whole so an
+    auditor can replay without being told it."""
+
+    schema_version: int
+    store_id: str
+    shard_id: str
+    config_fingerprint: str
+    created_at_ms: int
+    config: KernelConfig
+
+
+class LogInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """`floor`: the first position still in the log. `snapshot_position`: the position of
+    the snapshot the log was compacted behind (0: never compacted)."""
+
+    floor: int = 1
+    snapshot_position: int = 0
+
+
+class PayloadBlob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Payload bytes with the last log position that referenced them, so bytes are kept
+    until every schedule naming them has been folded."""
+
+    last_ref_position: int
+    data: bytes
+
+
+class StoreOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # Address space, not disk: LMDB grows the file as pages are used.
+    map_size_bytes: int = 64 * 1024**3
+    max_batch_entries: int = 1000
+    # fsync on every commit. Only benchmarks of the non-durable baseline turn this off.
+    sync: bool = True
+    # Walk the whole state and check the kernel invariants at open. O(state): on very
+    # large stores an operator may turn it off and run `nereus replay --verify` instead.
+    check_invariants_on_open: bool = True
+
+
+def check_schema(raw: bytes, path: str) -> StoreHeader:
+    """Decode the header and enforce the version rule."""
+    version = _peek_version(raw, path)
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            path,
+            f"store schema version {version} was written by a newer Nereus; "
+            f"this build reads up to version {SCHEMA_VERSION}",
+        )
+    if version < SCHEMA_VERSION and version not in MIGRATIONS:
+        raise StoreError(
+            path,
+            f"store schema version {version} has no migration path to {SCHEMA_VERSION}",
+        )
+    return decode_struct(StoreHeader, raw, path, "store header")
+
+
+def _peek_version(raw: bytes, path: str) -> int:
+    class _Version(msgspec.Struct):
+        schema_version: int
+
+    return decode_struct(_Version, raw, path, "store header").schema_version

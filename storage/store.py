@@ -1,0 +1,386 @@
+"""The shard store: an embedded shard log plus the materialized state, in one LMDB env.
+
+Theory of operation:
+
+* **Append** puts records at the next dense positions, stamps `persisted_at_ms` from the
+  caller's clock clamped so it never decreases, stores any payload bytes by digest, and
+  commits with sync. A command is durable once its append returns.
+* **Apply** folds log entries through `kernel.reduce` inside ONE write transaction whose
+  snapshot is also the reducer's base; then writes the overlay's rows, the new `ShardMeta`
+  (which carries `appliedShardLogPosition`) and payload garbage collection into that same
+  transaction and commits it with sync. Only then are the batch's effects returned, so the
+  runtime can never act on state that a crash could take back. If the reducer raises (a
+  broken invariant), the transaction is aborted and nothing of the batch is written.
+* **Open** refuses, with the file and the reason, anything it cannot trust: a truncated or
+  non-LMDB file, a store of another shard, an unknown schema, another kernel configuration,
+  an applied position outside the log, a damaged header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from kernel.config import KernelConfig
+from kernel.effects import Effect
+from kernel.invariants import assert_invariants
+from kernel.model import ShardMeta, Table
+from kernel.records import LogEntry, Record, Schedule
+from kernel.reducer import reduce
+from kernel.state import State
+from storage.base import LmdbBase
+from storage.codec import (
+    decode_entry,
+    decode_struct,
+    encode_entry,
+    encode_value,
+    key_position,
+    position_key,
+)
+from storage.env import Env, open_env
+from storage.errors import StoreError
+from storage.schema import (
+    HEADER_KEY,
+    LOG_INFO_KEY,
+    SCHEMA_VERSION,
+    SHARD_META_KEY,
+    LogInfo,
+    PayloadBlob,
+    StoreHeader,
+    StoreOptions,
+    check_schema,
+)
+
+Applied = tuple[LogEntry, tuple[Effect, ...]]
+Appendable = tuple[Record, bytes | None]
+
+
+class ShardStore:
+    def __init__(
+        self, env: Env, header: StoreHeader, config: KernelConfig, options: StoreOptions
+    ) -> None:
+        self._env = env
+        self.header = header
+        self.config = config
+        self.options = options
+        self.path = env.path
+        self.meta = ShardMeta()
+        self.log_info = LogInfo()
+        self.log_last_position = 0
+        self.log_last_persisted_at_ms = 0
+
+    # Opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        shard_id: str = "0",
+        config: KernelConfig | None = None,
+        options: StoreOptions | None = None,
+        create: bool = True,
+        created_at_ms: int = 0,
+    ) -> ShardStore:
+        options = options or StoreOptions()
+        env = open_env(
+            path, map_size_bytes=options.map_size_bytes, sync=options.sync, create=create
+        )
+        try:
+            store = cls._restore(
+                env,
+                shard_id=shard_id,
+                config=config,
+                options=options,
+                create=create,
+                created_at_ms=created_at_ms,
+            )
+        except BaseException:
+            env.close()
+            raise
+        return store
+
+    @classmethod
+    def _restore(
+        cls,
+        env: Env,
+        *,
+        shard_id: str,
+        config: KernelConfig | None,
+        options: StoreOptions,
+        create: bool,
+        created_at_ms: int,
+    ) -> ShardStore:
+        """`config` None means: use the configuration recorded in the store (or the
+        default for a new one)."""
+        data_file = env.data_file
+        with env.env.begin(write=True) as txn:
+            raw = txn.get(HEADER_KEY, db=env.meta)
+            if raw is None:
+                if _holds_data(txn, env):
+                    raise StoreError(data_file, "holds data but no Nereus store header")
+                if not create:
+                    raise StoreError(data_file, "no Nereus store here")
+                config = config or KernelConfig()
+                header = StoreHeader(
+                    schema_version=SCHEMA_VERSION,
+                    store_id=uuid.uuid4().hex,
+                    shard_id=shard_id,
+                    config_fingerprint=config.fingerprint(),
+                    created_at_ms=created_at_ms,
+                    config=config,
+                )
+                txn.put(HEADER_KEY, encode_value(header), db=env.meta)
+                txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
+                txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)
+            else:
+                header = check_schema(raw, data_file)
+                config = config or header.config
+        store = cls(env, header, config, options)
+        if header.shard_id != shard_id:
+            raise StoreError(
+                data_file,
+                f"foreign store: it belongs to shard {header.shard_id!r}, not {shard_id!r}",
+            )
+        if header.config_fingerprint != config.fingerprint():
+            raise StoreError(
+                data_file,
+                f"kernel configuration differs from the one this store was folded with "
+                f"(store {header.config_fingerprint}, this process {config.fingerprint()}); "
+                "replaying under another configuration would change past decisions",
+            )
+        store._load_positions()
+        if options.check_invariants_on_open:
+            with store.state_view() as state:
+                assert_invariants(state)
+        return store
+
+    def _load_positions(self) -> None:
+        data_file = self._env.data_file
+        with self._env.env.begin() as txn:
+            self.meta = decode_struct(
+                ShardMeta,
+                _must(txn.get(SHARD_META_KEY, db=self._env.meta), data_file, "meta"),
+                data_file,
+                "shard meta",
+            )
+            self.log_info = decode_struct(
+                LogInfo,
+                _must(txn.get(LOG_INFO_KEY, db=self._env.meta), data_file, "log info"),
+                data_file,
+                "log info",
+            )
+            with txn.cursor(db=self._env.log) as cursor:
+                if cursor.last():
+                    position = key_position(cursor.key())
+                    entry = decode_entry(cursor.value(), data_file, position)
+                    self.log_last_position = position
+                    self.log_last_persisted_at_ms = entry.persisted_at_ms
+                else:
+                    self.log_last_position = self.log_info.floor - 1
+        applied = self.meta.position
+        if applied > self.log_last_position:
+            raise StoreError(
+                data_file,
+                f"applied position {applied} is beyond the end of the shard log "
+                f"({self.log_last_position}): the log was truncated or replaced",
+            )
+        if applied < self.log_info.snapshot_position:
+            raise StoreError(
+                data_file,
+                f"applied position {applied} is below the snapshot the log was compacted "
+                f"behind ({self.log_info.snapshot_position})",
+            )
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self) -> ShardStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # The embedded shard log ---------------------------------------------------------------
+
+    def append(self, items: Sequence[Appendable], now_ms: int) -> list[LogEntry]:
+        """Durably append records; payload bytes (for schedules) are stored by digest."""
+        entries: list[LogEntry] = []
+        persisted_at_ms = max(now_ms, self.log_last_persisted_at_ms)
+        position = self.log_last_position
+        with self._env.env.begin(write=True) as txn:
+            for record, payload in items:
+                position += 1
+                entry = LogEntry(position, persisted_at_ms, record)
+                if isinstance(record, Schedule):
+                    self._store_payload(txn, record, payload, position)
+                elif payload is not None:
+                    raise ValueError(f"{type(record).__name__} carries no payload")
+                txn.put(position_key(position), encode_entry(entry), db=self._env.log)
+                entries.append(entry)
+        self.log_last_position = position
+        self.log_last_persisted_at_ms = persisted_at_ms
+        return entries
+
+    def _store_payload(
+        self, txn: Any, record: Schedule, payload: bytes | None, position: int
+    ) -> None:
+        key = record.payload_digest.encode()
+        if payload is not None:
+            if hashlib.sha256(payload).hexdigest() != record.payload_digest:
+                raise ValueError("payload bytes do not match the schedule's payload_digest")
+            if len(payload) != record.payload_size:
+                raise ValueError("payload size does not match the schedule's payload_size")
+        existing = txn.get(key, db=self._env.payload_bytes)
+        if existing is not None:
+            blob = decode_struct(
+                PayloadBlob, existing, self._env.data_file, f"payload {record.payload_digest}"
+            )
+            data = blob.data
+        elif payload is not None:
+            data = payload
+        else:
+            # A schedule whose bytes are not here still gets logged: the kernel validates
+            # the reference, and a claim proves the bytes missing (CLAIM_RESULT_V1).
+            return
+        txn.put(key, encode_value(PayloadBlob(position, data)), db=self._env.payload_bytes)
+
+    def iter_log(
+        self, from_position: int = 1, to_position: int | None = None
+    ) -> Iterator[LogEntry]:
+        """Entries in order from `from_position`, read in one snapshot."""
+        data_file = self._env.data_file
+        with self._env.env.begin() as txn, txn.cursor(db=self._env.log) as cursor:
+            if not cursor.set_range(position_key(max(from_position, 1))):
+                return
+            for key, value in cursor:
+                position = key_position(key)
+                if to_position is not None and position > to_position:
+                    return
+                yield decode_entry(value, data_file, position)
+
+    # Applying -----------------------------------------------------------------------------
+
+    def apply_pending(self, max_entries: int | None = None) -> list[Applied]:
+        """Fold the next unapplied log entries (at most the batch bound) in one durable
+        write transaction; returns each entry with its effects once committed."""
+        limit = max_entries or self.options.max_batch_entries
+        start = self.meta.position + 1
+        entries = list(self.iter_log(start, start + limit - 1))
+        if not entries:
+            return []
+        return self.apply(entries)
+
+    def apply(self, entries: Sequence[LogEntry]) -> list[Applied]:
+        """Fold `entries` in one durable write transaction. Entries not yet in the local log
+        (a Kafka-sourced shard) are written to it in the same transaction, so the local log
+        always covers the applied position."""
+        results: list[Applied] = []
+        env = self._env
+        with env.env.begin(write=True) as txn:
+            state = State(self.config, self.meta, LmdbBase(txn, env.tables, env.data_file))
+            for entry in entries:
+                state, effects = reduce(state, entry)
+                results.append((entry, effects))
+            touched = self._write_changes(txn, state)
+            for entry in entries:
+                if entry.position > self.log_last_position:
+                    txn.put(position_key(entry.position), encode_entry(entry), db=env.log)
+            self._collect_payloads(txn, touched, entries, state.meta.position)
+            txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)
+        self.meta = state.meta
+        if entries and entries[-1].position > self.log_last_position:
+            self.log_last_position = entries[-1].position
+            self.log_last_persisted_at_ms = max(
+                self.log_last_persisted_at_ms, entries[-1].persisted_at_ms
+            )
+        return results
+
+    def _write_changes(self, txn: Any, state: State) -> set[bytes]:
+        """Writes the overlay; returns the payload digests whose reference row was deleted."""
+        released: set[bytes] = set()
+        tables = self._env.tables
+        for table, key, value in state.changes():
+            if value is None:
+                txn.delete(key, db=tables[table])
+                if table is Table.PAYLOADS:
+                    released.add(key)
+            else:
+                txn.put(key, encode_value(value), db=tables[table])
+        return released
+
+    def _collect_payloads(
+        self, txn: Any, released: set[bytes], entries: Sequence[LogEntry], applied: int
+    ) -> None:
+        """Drop payload bytes nobody can need: no message references them and no log entry
+        above the applied position (a schedule not yet folded) names them."""
+        candidates = set(released)
+        candidates.update(
+            e.record.payload_digest.encode() for e in entries if isinstance(e.record, Schedule)
+        )
+        env = self._env
+        for key in candidates:
+            if txn.get(key, db=env.tables[Table.PAYLOADS]) is not None:
+                continue
+            raw = txn.get(key, db=env.payload_bytes)
+            if raw is None:
+                continue
+            blob = decode_struct(PayloadBlob, raw, env.data_file, f"payload {key.decode()}")
+            if blob.last_ref_position <= applied:
+                txn.delete(key, db=env.payload_bytes)
+
+    # Reading ------------------------------------------------------------------------------
+
+    @contextmanager
+    def read(self) -> Iterator[LmdbBase]:
+        """A consistent read view of the materialized tables (peek, scans, audits)."""
+        with self._env.env.begin() as txn:
+            yield LmdbBase(txn, self._env.tables, self._env.data_file)
+
+    @contextmanager
+    def state_view(self) -> Iterator[State]:
+        """The applied state as a kernel State over a read snapshot."""
+        with self._env.env.begin() as txn:
+            meta = decode_struct(
+                ShardMeta,
+                txn.get(SHARD_META_KEY, db=self._env.meta),
+                self._env.data_file,
+                "shard meta",
+            )
+            yield State(self.config, meta, LmdbBase(txn, self._env.tables, self._env.data_file))
+
+    def payload(self, digest: str) -> bytes | None:
+        with self._env.env.begin() as txn:
+            raw = txn.get(digest.encode(), db=self._env.payload_bytes)
+        if raw is None:
+            return None
+        return decode_struct(PayloadBlob, raw, self._env.data_file, f"payload {digest}").data
+
+    @property
+    def env(self) -> Env:
+        return self._env
+
+    def file_size_bytes(self) -> int:
+        return os.path.getsize(self._env.data_file)
+
+    def set_log_info(self, txn: Any, info: LogInfo) -> None:
+        txn.put(LOG_INFO_KEY, encode_value(info), db=self._env.meta)
+        self.log_info = info
+
+
+def _must(raw: bytes | None, path: str, what: str) -> bytes:
+    if raw is None:
+        raise StoreError(path, f"store header present but {what} is missing")
+    return raw
+
+
+def _holds_data(txn: Any, env: Env) -> bool:
+    for db in (env.log, env.meta, *env.tables.values()):
+        with txn.cursor(db=db) as cursor:
+            if cursor.first():
+                return True
+    return False
