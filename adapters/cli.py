@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from adapters import demo
+from adapters import demo, storecmd
 from replay import cli as replay_cli
 
 
@@ -15,6 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register(sub)
     replay_cli.register(sub)
+    storecmd.register(sub)
     args = parser.parse_args(argv)
     handler = args.handler
     result: int = handler(args)

@@ -67,6 +67,12 @@ def _run(args: argparse.Namespace) -> int:
         source = JsonlLog(args.log)
         config = source.header.config
         source.check_config(config)
+        if source.header.first_position != 1:
+            raise StoreError(
+                args.log,
+                f"the log starts at position {source.header.first_position} (compacted); "
+                "replaying it needs the store's snapshot: use --data",
+            )
         last = source.header.last_position if args.to is None else args.to
         result, _ = _fold(source.entries(1, args.to), config, None, last, show_progress)
         _print(result, args, verified=None)
