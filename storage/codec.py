@@ -83,3 +83,13 @@ def position_key(position: int) -> bytes:
 
 def key_position(key: bytes) -> int:
     return int.from_bytes(key, "big")
+
+
+def lane_index_key(tenant: str, queue: str, timeline_key: bytes) -> bytes:
+    """tenant NUL queue NUL timeline-key: identities never contain NUL, so a lane's rows are
+    exactly the keys with its prefix, in due order."""
+    return lane_prefix(tenant, queue) + timeline_key
+
+
+def lane_prefix(tenant: str, queue: str) -> bytes:
+    return tenant.encode() + b"\x00" + queue.encode() + b"\x00"

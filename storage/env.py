@@ -21,7 +21,8 @@ LOG_DB = b"log"  # position (8 bytes BE) -> framed LogEntry
 PAYLOAD_BYTES_DB = b"payload_bytes"  # digest -> framed PayloadBlob
 CLAIMS_DB = b"claims"  # message id -> framed runtime claim
 META_DB = b"meta"  # header keys -> framed structs
-EXTRA_DBS = (LOG_DB, PAYLOAD_BYTES_DB, CLAIMS_DB, META_DB)
+LANE_TIMELINE_DB = b"lane_timeline"  # tenant NUL queue NUL timeline key -> b""
+EXTRA_DBS = (LOG_DB, PAYLOAD_BYTES_DB, CLAIMS_DB, META_DB, LANE_TIMELINE_DB)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Env:
     payload_bytes: Any
     claims: Any
     meta: Any
+    lane_timeline: Any
 
     @property
     def data_file(self) -> str:
@@ -73,4 +75,5 @@ def open_env(path: str, *, map_size_bytes: int, sync: bool, create: bool) -> Env
         payload_bytes=extra[PAYLOAD_BYTES_DB],
         claims=extra[CLAIMS_DB],
         meta=extra[META_DB],
+        lane_timeline=extra[LANE_TIMELINE_DB],
     )

@@ -107,11 +107,11 @@ class JsonlLog:
             )
 
 
-def import_log(
-    path: str, dest: str, config: KernelConfig, shard_id: str | None = None
-) -> ShardStore:
-    """Create a new store at `dest` whose log is the exported one, and fold it."""
+def import_log(path: str, dest: str, shard_id: str | None = None) -> ShardStore:
+    """Create a new store at `dest` whose log is the exported one, and fold it under the
+    configuration the log was written with."""
     source = JsonlLog(path)
+    config = source.header.config
     source.check_config(config)
     if source.header.first_position != 1:
         raise StoreError(path, "only a log that starts at position 1 can be imported")

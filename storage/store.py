@@ -21,14 +21,14 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from kernel.config import KernelConfig
 from kernel.effects import Effect
 from kernel.invariants import assert_invariants
-from kernel.model import ShardMeta, Table
+from kernel.model import ShardMeta, Table, TimelineWork, Value
 from kernel.records import LogEntry, Record, Schedule
 from kernel.reducer import reduce
 from kernel.state import State
@@ -36,9 +36,11 @@ from storage.base import LmdbBase
 from storage.codec import (
     decode_entry,
     decode_struct,
+    decode_value,
     encode_entry,
     encode_value,
     key_position,
+    lane_index_key,
     position_key,
 )
 from storage.env import Env, open_env
@@ -209,22 +211,53 @@ class ShardStore:
 
     def append(self, items: Sequence[Appendable], now_ms: int) -> list[LogEntry]:
         """Durably append records; payload bytes (for schedules) are stored by digest."""
+        with self._env.env.begin(write=True) as txn:
+            entries = self._append_in(txn, items, now_ms)
+        self._appended(entries)
+        return entries
+
+    def commit(
+        self,
+        items: Sequence[Appendable],
+        now_ms: int,
+        also: Callable[[Any], None] | None = None,
+    ) -> tuple[list[LogEntry], list[Applied]]:
+        """The embedded group commit: append `items` and fold everything not yet applied
+        (them included) in ONE write transaction and one sync. `also` may write runtime rows
+        (claims) into the same transaction. Effects are returned only after the commit."""
+        env = self._env
+        with env.env.begin(write=True) as txn:
+            entries = self._append_in(txn, items, now_ms)
+            pending = list(self._iter_log_in(txn, self.meta.position + 1, None))
+            results, meta = self._apply_in(txn, pending)
+            if also is not None:
+                also(txn)
+        self._appended(entries)
+        self.meta = meta
+        return entries, results
+
+    def _append_in(self, txn: Any, items: Sequence[Appendable], now_ms: int) -> list[LogEntry]:
         entries: list[LogEntry] = []
         persisted_at_ms = max(now_ms, self.log_last_persisted_at_ms)
         position = self.log_last_position
-        with self._env.env.begin(write=True) as txn:
-            for record, payload in items:
-                position += 1
-                entry = LogEntry(position, persisted_at_ms, record)
-                if isinstance(record, Schedule):
-                    self._store_payload(txn, record, payload, position)
-                elif payload is not None:
-                    raise ValueError(f"{type(record).__name__} carries no payload")
-                txn.put(position_key(position), encode_entry(entry), db=self._env.log)
-                entries.append(entry)
-        self.log_last_position = position
-        self.log_last_persisted_at_ms = persisted_at_ms
+        for record, payload in items:
+            position += 1
+            entry = LogEntry(position, persisted_at_ms, record)
+            if isinstance(record, Schedule):
+                self._store_payload(txn, record, payload, position)
+            elif payload is not None:
+                raise ValueError(f"{type(record).__name__} carries no payload")
+            txn.put(position_key(position), encode_entry(entry), db=self._env.log)
+            entries.append(entry)
         return entries
+
+    def _appended(self, entries: Sequence[LogEntry]) -> None:
+        """Advance the in-memory log end once the transaction holding `entries` committed."""
+        if entries and entries[-1].position > self.log_last_position:
+            self.log_last_position = entries[-1].position
+            self.log_last_persisted_at_ms = max(
+                self.log_last_persisted_at_ms, entries[-1].persisted_at_ms
+            )
 
     def _store_payload(
         self, txn: Any, record: Schedule, payload: bytes | None, position: int
@@ -253,8 +286,14 @@ class ShardStore:
         self, from_position: int = 1, to_position: int | None = None
     ) -> Iterator[LogEntry]:
         """Entries in order from `from_position`, read in one snapshot."""
+        with self._env.env.begin() as txn:
+            yield from self._iter_log_in(txn, from_position, to_position)
+
+    def _iter_log_in(
+        self, txn: Any, from_position: int, to_position: int | None
+    ) -> Iterator[LogEntry]:
         data_file = self._env.data_file
-        with self._env.env.begin() as txn, txn.cursor(db=self._env.log) as cursor:
+        with txn.cursor(db=self._env.log) as cursor:
             if not cursor.set_range(position_key(max(from_position, 1))):
                 return
             for key, value in cursor:
@@ -279,32 +318,35 @@ class ShardStore:
         """Fold `entries` in one durable write transaction. Entries not yet in the local log
         (a Kafka-sourced shard) are written to it in the same transaction, so the local log
         always covers the applied position."""
-        results: list[Applied] = []
         env = self._env
         with env.env.begin(write=True) as txn:
-            state = State(self.config, self.meta, LmdbBase(txn, env.tables, env.data_file))
-            for entry in entries:
-                state, effects = reduce(state, entry)
-                results.append((entry, effects))
-            touched = self._write_changes(txn, state)
             for entry in entries:
                 if entry.position > self.log_last_position:
                     txn.put(position_key(entry.position), encode_entry(entry), db=env.log)
-            self._collect_payloads(txn, touched, entries, state.meta.position)
-            txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)
-        self.meta = state.meta
-        if entries and entries[-1].position > self.log_last_position:
-            self.log_last_position = entries[-1].position
-            self.log_last_persisted_at_ms = max(
-                self.log_last_persisted_at_ms, entries[-1].persisted_at_ms
-            )
+            results, meta = self._apply_in(txn, entries)
+        self._appended(entries)
+        self.meta = meta
         return results
+
+    def _apply_in(self, txn: Any, entries: Sequence[LogEntry]) -> tuple[list[Applied], ShardMeta]:
+        env = self._env
+        results: list[Applied] = []
+        state = State(self.config, self.meta, LmdbBase(txn, env.tables, env.data_file))
+        for entry in entries:
+            state, effects = reduce(state, entry)
+            results.append((entry, effects))
+        released = self._write_changes(txn, state)
+        self._collect_payloads(txn, released, entries, state.meta.position)
+        txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)
+        return results, state.meta
 
     def _write_changes(self, txn: Any, state: State) -> set[bytes]:
         """Writes the overlay; returns the payload digests whose reference row was deleted."""
         released: set[bytes] = set()
         tables = self._env.tables
         for table, key, value in state.changes():
+            if table is Table.TIMELINE:
+                self._index_lane(txn, key, value)
             if value is None:
                 txn.delete(key, db=tables[table])
                 if table is Table.PAYLOADS:
@@ -312,6 +354,21 @@ class ShardStore:
             else:
                 txn.put(key, encode_value(value), db=tables[table])
         return released
+
+    def _index_lane(self, txn: Any, key: bytes, value: Value | None) -> None:
+        """Keep the per-lane timeline index in step with the timeline (derived data, so a
+        scheduler can find each lane's head without walking other lanes' work)."""
+        env = self._env
+        if value is None:
+            raw = txn.get(key, db=env.tables[Table.TIMELINE])
+            if raw is None:
+                return
+            old = decode_value(Table.TIMELINE, raw, env.data_file, key)
+            assert isinstance(old, TimelineWork)
+            txn.delete(lane_index_key(old.tenant, old.queue, key), db=env.lane_timeline)
+        else:
+            assert isinstance(value, TimelineWork)
+            txn.put(lane_index_key(value.tenant, value.queue, key), b"", db=env.lane_timeline)
 
     def _collect_payloads(
         self, txn: Any, released: set[bytes], entries: Sequence[LogEntry], applied: int

@@ -1,0 +1,204 @@
+"""Clock sources that yield trusted intervals.
+
+Theory of operation: the host clock is only as good as its synchronisation. Linux reports, via
+`adjtimex(2)`, whether the clock is synchronised (`STA_UNSYNC` clear) and a maximum error
+bound in microseconds that the kernel itself grows while no update arrives. `SystemClock`
+samples that at most every `sample_interval_ms`; between samples it extrapolates the wall
+clock with the monotonic clock and widens the error by `drift_ppm` times the monotonic time
+since the sample, so the interval stays honest even if sampling stops.
+
+If the host reports no synchronisation, the interval is unbounded: `decide` then answers
+PAUSE for everything, so nothing is admitted or expired (fail closed). An operator who knows
+better may configure `assumed_error_ms`; it replaces the missing bound, is logged once, and
+is exported as a metric, because every delivery made under it rests on that assumption.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from kernel.timing import UNBOUNDED, TrustedInterval
+
+STA_UNSYNC = 0x0040
+
+
+class ClockSource(Protocol):
+    def interval(self) -> TrustedInterval: ...
+
+    def describe(self) -> ClockStatus: ...
+
+
+@dataclass(frozen=True)
+class ClockStatus:
+    synchronized: bool
+    error_bound_ms: float | None  # None: unbounded
+    assumed: bool  # the bound is the operator's assumption, not the host's report
+    source: str
+
+
+class _Timeval(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_usec", ctypes.c_long)]
+
+
+class _Timex(ctypes.Structure):
+    """struct timex from <sys/timex.h> (Linux, 64-bit)."""
+
+    _fields_ = [
+        ("modes", ctypes.c_uint),
+        ("offset", ctypes.c_long),
+        ("freq", ctypes.c_long),
+        ("maxerror", ctypes.c_long),
+        ("esterror", ctypes.c_long),
+        ("status", ctypes.c_int),
+        ("constant", ctypes.c_long),
+        ("precision", ctypes.c_long),
+        ("tolerance", ctypes.c_long),
+        ("time", _Timeval),
+        ("tick", ctypes.c_long),
+        ("ppsfreq", ctypes.c_long),
+        ("jitter", ctypes.c_long),
+        ("shift", ctypes.c_int),
+        ("stabil", ctypes.c_long),
+        ("jitcnt", ctypes.c_long),
+        ("calcnt", ctypes.c_long),
+        ("errcnt", ctypes.c_long),
+        ("stbcnt", ctypes.c_long),
+        ("tai", ctypes.c_int),
+        ("_reserved", ctypes.c_int * 11),
+    ]
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    synchronized: bool
+    max_error_us: int
+
+
+def read_adjtimex() -> SyncReport | None:
+    """The host's synchronisation report, or None where adjtimex is unavailable."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        fn = libc.adjtimex
+    except (OSError, AttributeError):
+        return None
+    tx = _Timex()
+    if fn(ctypes.byref(tx)) < 0:
+        return None
+    return SyncReport(synchronized=not tx.status & STA_UNSYNC, max_error_us=int(tx.maxerror))
+
+
+@dataclass(frozen=True)
+class _Sample:
+    wall_ns: int
+    mono_ns: int
+    error_ns: int | None  # None: unbounded
+
+
+class SystemClock:
+    """The host clock widened by its reported (or assumed) error and a drift bound."""
+
+    def __init__(
+        self,
+        *,
+        assumed_error_ms: float | None = None,
+        drift_ppm: float = 500.0,
+        sample_interval_ms: int = 1000,
+    ) -> None:
+        self.assumed_error_ms = assumed_error_ms
+        self.drift_ppm = drift_ppm
+        self.sample_interval_ns = sample_interval_ms * 1_000_000
+        self._lock = threading.Lock()
+        self._sample = self._take_sample()
+        self._report_source = "adjtimex"
+
+    def _take_sample(self) -> _Sample:
+        report = read_adjtimex()
+        mono_ns = time.monotonic_ns()
+        wall_ns = time.time_ns()
+        error_ns: int | None
+        if report is not None and report.synchronized:
+            error_ns = report.max_error_us * 1000
+        elif self.assumed_error_ms is not None:
+            error_ns = int(self.assumed_error_ms * 1_000_000)
+        else:
+            error_ns = None
+        return _Sample(wall_ns, mono_ns, error_ns)
+
+    def interval(self) -> TrustedInterval:
+        mono_ns = time.monotonic_ns()
+        with self._lock:
+            if mono_ns - self._sample.mono_ns >= self.sample_interval_ns:
+                self._sample = self._take_sample()
+                mono_ns = self._sample.mono_ns
+            sample = self._sample
+        if sample.error_ns is None:
+            return UNBOUNDED
+        elapsed_ns = mono_ns - sample.mono_ns
+        now_ns = sample.wall_ns + elapsed_ns
+        # Round outward to whole milliseconds: never claim more precision than we have.
+        error_ns = sample.error_ns + int(elapsed_ns * self.drift_ppm / 1_000_000)
+        return TrustedInterval(
+            (now_ns - error_ns) // 1_000_000, -((-(now_ns + error_ns)) // 1_000_000)
+        )
+
+    def describe(self) -> ClockStatus:
+        report = read_adjtimex()
+        synced = report is not None and report.synchronized
+        if synced:
+            assert report is not None
+            return ClockStatus(True, report.max_error_us / 1000, False, "adjtimex")
+        if self.assumed_error_ms is not None:
+            return ClockStatus(False, self.assumed_error_ms, True, "operator assumption")
+        return ClockStatus(False, None, False, "adjtimex (unsynchronised)")
+
+
+class SimulatedClock:
+    """A clock for tests and the simulator. `true_ms` is real time; the clock reports
+    `true_ms + offset_ms` and claims `error_ms` of uncertainty. A test can make the claim a
+    lie (offset beyond the error) to check what a broken clock can and cannot cause."""
+
+    def __init__(self, true_ms: int, *, error_ms: int = 5, offset_ms: int = 0) -> None:
+        self.true_ms = true_ms
+        self.error_ms = error_ms
+        self.offset_ms = offset_ms
+        self.drift_ppm = 0.0
+        self.synchronized = True
+        self._lock = threading.Lock()
+
+    def advance(self, ms: int) -> None:
+        with self._lock:
+            self.true_ms += ms
+            self.offset_ms += int(ms * self.drift_ppm / 1_000_000)
+
+    def step(self, offset_ms: int) -> None:
+        """The reported clock jumps (e.g. backwards) by offset_ms; true time does not."""
+        with self._lock:
+            self.offset_ms += offset_ms
+
+    def lose_sync(self) -> None:
+        self.synchronized = False
+
+    def regain_sync(self) -> None:
+        self.synchronized = True
+
+    def interval(self) -> TrustedInterval:
+        with self._lock:
+            if not self.synchronized:
+                return UNBOUNDED
+            reported = self.true_ms + self.offset_ms
+            return TrustedInterval(reported - self.error_ms, reported + self.error_ms)
+
+    def now_ms(self) -> int:
+        """What a naive reader of this clock would take as 'now'."""
+        return self.true_ms + self.offset_ms
+
+    def describe(self) -> ClockStatus:
+        return ClockStatus(self.synchronized, float(self.error_ms), False, "simulated")
