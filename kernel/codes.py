@@ -24,6 +24,7 @@ class Code(StrEnum):
     OUTCOME_RECORDED = "outcome_recorded"
     CLAIM_RESULT_RECORDED = "claim_result_recorded"
     EXPIRED = "expired"
+    RETRY_WINDOW_CLOSED = "retry_window_closed"
     GATE_CHANGED = "gate_changed"
     SHARD_STATE_CHANGED = "shard_state_changed"
 
@@ -36,6 +37,7 @@ class Code(StrEnum):
     POSITION_GAP = "position_gap"
     # Rejected: consumes the position.
     PERSISTED_AT_REGRESSED = "persisted_at_regressed"
+    PERSISTED_AT_OUT_OF_RANGE = "persisted_at_out_of_range"
 
     # Rejected: command validation, in the order they are checked.
     SHARD_NOT_ACTIVE = "shard_not_active"
@@ -61,7 +63,6 @@ class Code(StrEnum):
     ADMISSION_EVIDENCE_INVALID = "admission_evidence_invalid"
     ADMISSION_BEFORE_ACTION_TIME = "admission_before_action_time"
     ADMISSION_AFTER_EXPIRE = "admission_after_expire"
-    ADMISSION_BUDGET_SPENT = "admission_budget_spent"
 
     # Rejected: outcomes that cannot be recorded.
     OUTCOME_UNKNOWN_ATTEMPT = "outcome_unknown_attempt"
@@ -86,6 +87,7 @@ APPLIED_CODES: frozenset[Code] = frozenset(
         Code.OUTCOME_RECORDED,
         Code.CLAIM_RESULT_RECORDED,
         Code.EXPIRED,
+        Code.RETRY_WINDOW_CLOSED,
         Code.GATE_CHANGED,
         Code.SHARD_STATE_CHANGED,
     }
@@ -103,6 +105,7 @@ CODE_DOCS: dict[Code, str] = {
     Code.OUTCOME_RECORDED: "A publish outcome was recorded against its attempt.",
     Code.CLAIM_RESULT_RECORDED: "A proven permanent pre-send error spent one attempt.",
     Code.EXPIRED: "The timer expired: the mutation's persistence time proves expireAt passed.",
+    Code.RETRY_WINDOW_CLOSED: "expireAt passed for an UNCERTAIN timer: no more retries.",
     Code.GATE_CHANGED: "A lane admission gate was opened or closed.",
     Code.SHARD_STATE_CHANGED: "The shard state was changed by an operator.",
     Code.TOO_LATE: "The current generation crossed Publish Admission; the answer carries evidence.",
@@ -110,14 +113,15 @@ CODE_DOCS: dict[Code, str] = {
     Code.POSITION_DUPLICATE: "The entry's position is at or below the applied position.",
     Code.POSITION_GAP: "The entry's position skips ahead of the next expected position.",
     Code.PERSISTED_AT_REGRESSED: "The entry's persistence time is earlier than its predecessor's.",
+    Code.PERSISTED_AT_OUT_OF_RANGE: "The entry's persistence time is outside [0, 2^53) ms.",
     Code.SHARD_NOT_ACTIVE: "The shard does not accept this record in its current state.",
-    Code.INVALID_IDENTITY: "Tenant, queue or timer key is empty, too long or has a NUL or '/'.",
+    Code.INVALID_IDENTITY: "Tenant, queue or key empty, too long or with NUL; '/' in tenant/queue.",
     Code.INVALID_TXN: "The txn is empty or too long.",
     Code.INVALID_PAYLOAD_REF: "The payload digest is not a sha256 hex digest or the size is < 0.",
     Code.PAYLOAD_TOO_LARGE: "The payload is larger than the configured ceiling.",
     Code.INVALID_HEADERS: "Too many headers, too large, or a name that is empty or reserved.",
     Code.INVALID_CAPABILITY: "The destination capability is malformed or its lead is too large.",
-    Code.INVALID_TIMING: "Both or neither of an absolute and relative time, or a negative one.",
+    Code.INVALID_TIMING: "Both or neither of absolute and relative time; negative; beyond 2^53 ms.",
     Code.DELIVER_BEYOND_HORIZON: "deliverAt is later than persistence time plus the horizon.",
     Code.LIFETIME_EXCEEDED: "expireAt is later than persistence time plus the maximum lifetime.",
     Code.EXPIRE_BEFORE_WINDOW: "expireAt leaves less than the minimum delivery window.",
@@ -131,7 +135,6 @@ CODE_DOCS: dict[Code, str] = {
     Code.ADMISSION_EVIDENCE_INVALID: "The recorded clock or capacity decision was not ADMIT.",
     Code.ADMISSION_BEFORE_ACTION_TIME: "The Admission was persisted before actionAt.",
     Code.ADMISSION_AFTER_EXPIRE: "The Admission was persisted at or after expireAt.",
-    Code.ADMISSION_BUDGET_SPENT: "The generation has no attempts left.",
     Code.OUTCOME_UNKNOWN_ATTEMPT: "No attempt with this id was ever admitted.",
     Code.OUTCOME_MISMATCH: "The attempt exists but belongs to another message or generation.",
     Code.OUTCOME_ALREADY_RECORDED: "The attempt is already resolved (or already UNKNOWN).",

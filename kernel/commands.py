@@ -92,13 +92,15 @@ def schedule(step: Step, r: Schedule) -> None:
 
     mid = message_id(r.tenant, r.queue, r.timer_key)
     current = step.message(mid)
-    if not _check_version(step, r.expected_version, current):
-        return None
     digest = request_digest(b"schedule", r)
     identical = current is not None and current.request_digest == digest
     verdict = _verdict_for("schedule", current, "identical" if identical else "changed")
+    # An identical retry is answered before the precondition: the first try may have been
+    # what moved the version.
     if verdict.code is Code.UNCHANGED:
         return step.applied(Code.UNCHANGED, current)
+    if not _check_version(step, r.expected_version, current):
+        return None
     if verdict.code is Code.TOO_LATE:
         assert current is not None
         return _too_late(step, current, r.txn)
@@ -129,9 +131,13 @@ def schedule(step: Step, r: Schedule) -> None:
         deliver_at_ms=deliver_at_ms,
         expire_at_ms=expire_at_ms,
         action_at_ms=action_at(deliver_at_ms, r.capability),
+        has_work=True,
         request_digest=digest,
+        attempts_admitted=0,
         attempts_spent=0,
         failures=0,
+        open_attempts=0,
+        uncertain_retries=0,
         last_error=None,
         last_attempt_id=None,
         evidence=None,
@@ -147,7 +153,7 @@ def _replace_generation(
     step: Step, current: Message | None, message: Message, verdict: Rule
 ) -> None:
     assert verdict.new_generation and verdict.to_status is not SAME
-    if current is not None and current.status is Status.SCHEDULED:
+    if current is not None and current.has_work:
         step.remove_timeline(current)
         step.revoke(current, verdict.code)
     step.put_message(current, message)
@@ -180,13 +186,13 @@ def reschedule(step: Step, r: Reschedule) -> None:
         return step.rejected(code)
 
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))
-    if not _check_version(step, r.expected_version, current):
-        return None
     digest = request_digest(b"reschedule", r)
     identical = current is not None and current.request_digest == digest
     verdict = _verdict_for("reschedule", current, "identical" if identical else "changed")
     if verdict.code is Code.UNCHANGED:
         return step.applied(Code.UNCHANGED, current)
+    if not _check_version(step, r.expected_version, current):
+        return None
     if verdict.code is Code.ABSENT:
         return step.rejected(Code.ABSENT, txn=r.txn)
     assert current is not None
@@ -202,9 +208,13 @@ def reschedule(step: Step, r: Reschedule) -> None:
         deliver_at_ms=deliver_at_ms,
         expire_at_ms=expire_at_ms,
         action_at_ms=action_at(deliver_at_ms, current.capability),
+        has_work=True,
         request_digest=digest,
+        attempts_admitted=0,
         attempts_spent=0,
         failures=0,
+        open_attempts=0,
+        uncertain_retries=0,
         last_error=None,
         last_attempt_id=None,
         updated_at_ms=step.bp_ms,
@@ -231,6 +241,7 @@ def cancel(step: Step, r: Cancel) -> None:
     canceled = msgspec.structs.replace(
         current,
         status=Status.CANCELED,
+        has_work=False,
         version=current.version + 1,
         updated_at_ms=step.bp_ms,
         updated_position=step.position,

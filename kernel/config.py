@@ -24,6 +24,9 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     default_expiry_grace_ms: int = 7 * DAY_MS
     max_payload_bytes: int = 1024 * 1024
     max_attempts: int = 5
+    # Retries of an UNCERTAIN message (its last attempt is UNKNOWN): each may duplicate the
+    # unknown one, which stays an obligation. 0 = wait for evidence only.
+    max_uncertain_retries: int = 3
     backoff_base_ms: int = 250
     backoff_max_ms: int = 60_000
     max_handoff_lead_ms: int = 60_000

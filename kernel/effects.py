@@ -51,6 +51,7 @@ class Publish(msgspec.Struct, frozen=True):
     claim_id: str
     descriptor_hash: str
     destination: str
+    action_at_ms: int
     deliver_at_ms: int
     # When the target may reveal the record: deliverAt for immediate targets,
     # deliverAt + clock-ahead bound for a delayed handoff.

@@ -27,6 +27,7 @@ from kernel.model import (
     TimelineWork,
 )
 from kernel.state import State
+from kernel.validation import action_at
 
 
 class Violation(NamedTuple):
@@ -46,18 +47,22 @@ INVARIANTS: dict[str, str] = {
     "INV-01": "A message's id is the hash of its (tenant, queue, timer_key) identity.",
     "INV-02": "Every open attempt (PUBLISHING or UNKNOWN) has an obligation row, and every "
     "obligation row names an open attempt with the same message and generation.",
-    "INV-03": "An open attempt belongs to its message's current generation; PUBLISHING "
-    "attempts only to PUBLISHING messages, UNKNOWN attempts only to UNCERTAIN messages.",
-    "INV-04": "No message has two open attempts; a PUBLISHING or UNCERTAIN message's last "
-    "attempt is its open one.",
-    "INV-05": "Exactly the SCHEDULED messages have timeline work, one row each, keyed by "
-    "their actionAt, id and generation, carrying their current version.",
+    "INV-03": "An open attempt of a message's current generation fits its status: a "
+    "PUBLISHING attempt only while the message is PUBLISHING or DELIVERED, an UNKNOWN attempt "
+    "only while it is UNCERTAIN, PUBLISHING, DELIVERED or DEAD_LETTERED.",
+    "INV-04": "No generation has two PUBLISHING attempts; a PUBLISHING message's last attempt "
+    "is its PUBLISHING one; an UNCERTAIN message has an UNKNOWN attempt and no PUBLISHING one.",
+    "INV-05": "Timeline work exists exactly for messages with has_work, one row each, keyed by "
+    "their actionAt, id and generation, carrying their current version; SCHEDULED messages "
+    "always have work, and only SCHEDULED or UNCERTAIN messages have any.",
     "INV-06": "The status and attempt counters equal the counts of rows.",
     "INV-07": "A payload's reference count equals the number of messages that hold it.",
-    "INV-08": "A DELIVERED message has evidence and its last attempt is PUBLISHED.",
+    "INV-08": "A DELIVERED message has evidence equal to a PUBLISHED attempt of its generation.",
     "INV-09": "attempts_spent never exceeds max_attempts; a DEAD_LETTERED message spent it all.",
-    "INV-10": "A SCHEDULED message's actionAt is at most its expireAt, and deliverAt plus "
-    "the minimum delivery window is at most expireAt.",
+    "INV-10": "Work is never keyed before the generation's first action time (deliverAt minus "
+    "the handoff lead), and deliverAt plus the minimum delivery window is at most expireAt.",
+    "INV-11": "open_attempts equals the number of open attempts of the current generation, "
+    "and uncertain_retries never exceeds max_uncertain_retries.",
 }
 
 
@@ -84,21 +89,38 @@ def check(state: State) -> list[Violation]:
     for aid in obligations.keys() - open_attempts.keys():
         out.append(Violation("INV-02", f"obligation {aid} names no open attempt"))
 
-    open_per_message: Counter[str] = Counter()
+    current_open: Counter[str] = Counter()
+    publishing: dict[str, list[str]] = {}
+    unknown: Counter[str] = Counter()
     for aid, att in open_attempts.items():
-        open_per_message[att.message_id] += 1
         msg = messages.get(att.message_id)
-        want = Status.PUBLISHING if att.status is AttemptStatus.PUBLISHING else Status.UNCERTAIN
-        if msg is None or msg.generation != att.generation or msg.status is not want:
-            out.append(Violation("INV-03", f"open attempt {aid} detached from its message"))
-    for mid, n in open_per_message.items():
-        if n > 1:
-            out.append(Violation("INV-04", f"message {mid} has {n} open attempts"))
+        if msg is None:
+            out.append(Violation("INV-03", f"open attempt {aid} has no message"))
+            continue
+        if msg.generation != att.generation:
+            continue  # a superseded generation's obligation: it only waits for evidence
+        current_open[att.message_id] += 1
+        if att.status is AttemptStatus.PUBLISHING:
+            publishing.setdefault(att.message_id, []).append(aid)
+            allowed: tuple[Status, ...] = (Status.PUBLISHING, Status.DELIVERED)
+        else:
+            unknown[att.message_id] += 1
+            allowed = (Status.UNCERTAIN, Status.PUBLISHING, Status.DELIVERED, Status.DEAD_LETTERED)
+        if msg.status not in allowed:
+            out.append(Violation("INV-03", f"open attempt {aid} but message is {msg.status}"))
+    for mid, aids in publishing.items():
+        if len(aids) > 1:
+            out.append(Violation("INV-04", f"message {mid} has {len(aids)} PUBLISHING attempts"))
     for mid, m in messages.items():
-        if m.status in (Status.PUBLISHING, Status.UNCERTAIN) and (
-            m.last_attempt_id not in open_attempts
-        ):
-            out.append(Violation("INV-04", f"message {mid} ({m.status}) has no open attempt"))
+        mine = publishing.get(mid, [])
+        if m.status is Status.PUBLISHING and mine != [m.last_attempt_id]:
+            out.append(Violation("INV-04", f"PUBLISHING message {mid} lacks its attempt"))
+        if m.status is Status.UNCERTAIN and (mine or not unknown.get(mid)):
+            out.append(Violation("INV-04", f"UNCERTAIN message {mid} attempts do not fit"))
+        if m.open_attempts != current_open.get(mid, 0):
+            out.append(Violation("INV-11", f"message {mid} open_attempts={m.open_attempts}"))
+        if m.uncertain_retries > cfg.max_uncertain_retries:
+            out.append(Violation("INV-11", f"message {mid} uncertain_retries"))
 
     seen: set[str] = set()
     for key, work in timeline:
@@ -106,7 +128,7 @@ def check(state: State) -> list[Violation]:
         owner = messages.get(mid)
         if (
             owner is None
-            or owner.status is not Status.SCHEDULED
+            or not owner.has_work
             or owner.generation != generation
             or owner.action_at_ms != action_at_ms
             or work.version != owner.version
@@ -115,8 +137,12 @@ def check(state: State) -> list[Violation]:
             out.append(Violation("INV-05", f"timeline row {action_at_ms}/{mid}/{generation}"))
         seen.add(mid)
     for mid, m in messages.items():
-        if m.status is Status.SCHEDULED and mid not in seen:
-            out.append(Violation("INV-05", f"scheduled message {mid} has no timeline work"))
+        if m.has_work and mid not in seen:
+            out.append(Violation("INV-05", f"message {mid} has_work but no timeline row"))
+        if m.status is Status.SCHEDULED and not m.has_work:
+            out.append(Violation("INV-05", f"scheduled message {mid} has no work"))
+        if m.has_work and m.status not in (Status.SCHEDULED, Status.UNCERTAIN):
+            out.append(Violation("INV-05", f"{m.status} message {mid} has work"))
 
     counters = state.meta.counters
     by_status = Counter(m.status for m in messages.values())
@@ -134,18 +160,22 @@ def check(state: State) -> list[Violation]:
         if ref is None or ref.count != holders.get(digest, 0):
             out.append(Violation("INV-07", f"payload {digest[:12]} refcount mismatch"))
 
+    published = {
+        (a.message_id, a.generation, a.evidence)
+        for a in attempts.values()
+        if a.status is AttemptStatus.PUBLISHED
+    }
     for mid, m in messages.items():
-        if m.status is Status.DELIVERED:
-            last = attempts.get(m.last_attempt_id or "")
-            if m.evidence is None or last is None or last.status is not AttemptStatus.PUBLISHED:
-                out.append(Violation("INV-08", f"delivered message {mid} lacks evidence"))
+        if m.status is Status.DELIVERED and (
+            m.evidence is None or (mid, m.generation, m.evidence) not in published
+        ):
+            out.append(Violation("INV-08", f"delivered message {mid} lacks evidence"))
         if m.attempts_spent > cfg.max_attempts or (
             m.status is Status.DEAD_LETTERED and m.attempts_spent != cfg.max_attempts
         ):
             out.append(Violation("INV-09", f"message {mid} spent {m.attempts_spent}"))
-        if m.status is Status.SCHEDULED and (
-            m.action_at_ms > m.expire_at_ms
-            or m.deliver_at_ms + cfg.limits.min_delivery_window_ms > m.expire_at_ms
+        if (m.has_work and m.action_at_ms < action_at(m.deliver_at_ms, m.capability)) or (
+            m.deliver_at_ms + cfg.limits.min_delivery_window_ms > m.expire_at_ms
         ):
             out.append(Violation("INV-10", f"message {mid} timing"))
     return out

@@ -75,10 +75,14 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     encrypted: bool
     deliver_at_ms: int
     expire_at_ms: int
-    action_at_ms: int  # the timeline key's time while SCHEDULED
-    request_digest: str  # identical-retry detection for SCHEDULE_V1
+    action_at_ms: int  # the timeline key's time while has_work
+    has_work: bool  # a timeline row (action_at_ms, id, generation) exists
+    request_digest: str  # identical-retry detection for SCHEDULE_V1 / RESCHEDULE_V1
+    attempts_admitted: int  # Admissions won this generation
     attempts_spent: int  # budget spent this generation (permanent failures only)
-    failures: int  # all failures this generation; the backoff exponent
+    failures: int  # all failures this generation, UNKNOWN included; the backoff exponent
+    open_attempts: int  # this generation's attempts that are PUBLISHING or UNKNOWN
+    uncertain_retries: int  # Admissions won while UNCERTAIN this generation
     last_error: str | None
     last_attempt_id: str | None
     evidence: Evidence | None  # set when DELIVERED

@@ -6,7 +6,9 @@ version and status as of this position, the lane gate, and the entry's own persi
 `bp`. A worker's wall clock never rewrites history. An Admission that still matches becomes
 a PUBLISHING attempt and an open obligation, and only then is a Publish effect emitted; one
 that no longer matches gets a deterministic stale verdict, revokes its claim, and publishes
-nothing. Outcomes resolve attempts; UNKNOWN stays an obligation until positive evidence.
+nothing. Outcomes resolve attempts; an UNKNOWN attempt stays an obligation until positive
+evidence, and its message becomes UNCERTAIN. An UNCERTAIN message may be retried a bounded
+number of times (the retry may duplicate the unknown attempt; that is recorded, not hidden).
 """
 
 from __future__ import annotations
@@ -28,14 +30,18 @@ from kernel.records import (
     ShardState,
     Unknown,
 )
-from kernel.rules import SAME, attempt_rule, rule
+from kernel.rules import OLD_GENERATION, SAME, attempt_rule, rule
 from kernel.step import Step
 from kernel.timing import Decision, decide
-from kernel.validation import check_identity, visible_at
+from kernel.validation import action_at, check_identity, visible_at
 
 
 def _status(message: Message | None) -> str:
     return "ABSENT" if message is None else str(message.status)
+
+
+def _armed(message: Message) -> str:
+    return "armed" if message.has_work else "unarmed"
 
 
 def _matches(message: Message | None, generation: int, version: int) -> bool:
@@ -62,7 +68,7 @@ def admission(step: Step, r: PublishAdmission) -> None:
         code = Code.ADMISSION_STALE
     else:
         assert message is not None
-        verdict = rule("admission", _status(message), "-")
+        verdict = rule("admission", _status(message), _armed(message))
         if verdict.code is not Code.ADMITTED:
             code = verdict.code
         elif _lane_closed(step, message):
@@ -107,15 +113,17 @@ def admission(step: Step, r: PublishAdmission) -> None:
             admitted_at_ms=step.bp_ms,
         ),
     )
-    admitted = msgspec.structs.replace(
-        message,
-        status=Status.PUBLISHING,
-        version=message.version + 1,
-        last_attempt_id=r.attempt_id,
-        updated_at_ms=step.bp_ms,
-        updated_position=step.position,
-    )
     step.remove_timeline(message)
+    admitted = msgspec.structs.replace(
+        _touch(step, message),
+        status=Status.PUBLISHING,
+        has_work=False,
+        last_attempt_id=r.attempt_id,
+        attempts_admitted=message.attempts_admitted + 1,
+        open_attempts=message.open_attempts + 1,
+        uncertain_retries=message.uncertain_retries
+        + (1 if message.status is Status.UNCERTAIN else 0),
+    )
     step.put_message(message, admitted)
     step.applied(Code.ADMITTED, admitted, attempt_id=r.attempt_id)
     step.effects.append(
@@ -127,6 +135,7 @@ def admission(step: Step, r: PublishAdmission) -> None:
             claim_id=r.claim_id,
             descriptor_hash=r.descriptor_hash,
             destination=message.destination,
+            action_at_ms=message.action_at_ms,
             deliver_at_ms=message.deliver_at_ms,
             visible_at_ms=visible_at(message.deliver_at_ms, message.capability),
         )
@@ -144,13 +153,9 @@ def outcome(step: Step, r: PublishOutcome) -> None:
     assert isinstance(result_name, str)
     arule = attempt_rule(str(attempt.status), result_name)
     message = step.message(attempt.message_id)
+    assert message is not None, f"attempt {attempt.attempt_id} without its message"
     if arule.to_status == SAME:
         return step.rejected(arule.code, message, attempt_id=r.attempt_id)
-    # An attempt that is still open always belongs to the message's current generation:
-    # nothing supersedes a generation after its Admission.
-    assert message is not None and message.generation == attempt.generation, (
-        f"open attempt {attempt.attempt_id} detached from its message"
-    )
 
     resolved = msgspec.structs.replace(
         attempt,
@@ -161,35 +166,51 @@ def outcome(step: Step, r: PublishOutcome) -> None:
     match result:
         case Published(evidence=evidence):
             resolved = msgspec.structs.replace(resolved, evidence=evidence, error_code=None)
-            verdict = rule("outcome_published", _status(message), "-")
-            updated = msgspec.structs.replace(
-                _touch(step, message), status=Status(verdict.to_status), evidence=evidence
-            )
+            op = "outcome_published"
         case NotPublished(disposition=disposition, error_code=error_code):
             resolved = msgspec.structs.replace(
                 resolved, disposition=disposition, error_code=error_code
             )
-            updated = _failed(
-                step,
-                message,
-                f"outcome_{disposition}",
-                error_code,
-                spends=disposition == "permanent",
-            )
+            op = f"outcome_{disposition}"
         case Unknown(reason=reason):
+            # Still open: no resolution position yet.
             resolved = msgspec.structs.replace(
                 resolved, error_code=reason, resolved_position=None, resolved_at_ms=None
             )
-            verdict = rule("outcome_unknown", _status(message), "-")
-            updated = msgspec.structs.replace(
-                _touch(step, message),
-                status=Status(verdict.to_status),
-                last_error=f"unknown: {reason}",
-            )
+            op = "outcome_unknown"
     step.put_attempt(attempt, resolved)
-    if resolved.status not in (AttemptStatus.PUBLISHING, AttemptStatus.UNKNOWN):
+    closes = resolved.status in (AttemptStatus.PUBLISHED, AttemptStatus.NOT_PUBLISHED)
+    if closes:
         step.delete(Table.OBLIGATIONS, str_key(attempt.attempt_id))
-    _settle(step, message, updated)
+
+    if attempt.generation != message.generation:
+        assert rule(op, OLD_GENERATION, "-").to_status == SAME  # the ledger only
+        return step.applied(Code.OUTCOME_RECORDED, message, attempt_id=r.attempt_id)
+
+    open_attempts = message.open_attempts - (1 if closes else 0)
+    base = msgspec.structs.replace(_touch(step, message), open_attempts=open_attempts)
+    if message.status not in (Status.PUBLISHING, Status.UNCERTAIN):
+        # Delivered or dead-lettered already: this attempt's fate changes only the ledger.
+        verdict = rule(op, _status(message), "-")
+        assert verdict.to_status == SAME
+        step.put_message(message, base)
+        return step.applied(Code.OUTCOME_RECORDED, base, attempt_id=r.attempt_id)
+
+    match result:
+        case Published(evidence=evidence):
+            verdict = rule(op, _status(message), "-")
+            updated = msgspec.structs.replace(
+                base, status=Status(verdict.to_status), evidence=evidence, has_work=False
+            )
+            if message.has_work:
+                step.remove_timeline(message)
+            step.put_message(message, updated)
+        case NotPublished(disposition=disposition, error_code=error_code):
+            updated = _after_failure(
+                step, message, base, op, error_code, spends=disposition == "permanent"
+            )
+        case Unknown(reason=reason):
+            updated = _after_failure(step, message, base, op, f"unknown: {reason}", spends=False)
     step.applied(
         Code.OUTCOME_RECORDED, updated, attempt_id=r.attempt_id, evidence=resolved.evidence
     )
@@ -204,40 +225,63 @@ def _touch(step: Step, message: Message) -> Message:
     )
 
 
-def _failed(step: Step, message: Message, op: str, error: str, *, spends: bool) -> Message:
-    """A failed try: back off and retry, or dead-letter once the budget is spent. Transient
-    failures cost no attempt; each failure still doubles the next backoff."""
-    spent = message.attempts_spent + (1 if spends else 0)
-    condition = "budget_spent" if spent >= step.config.max_attempts else "budget_left"
-    verdict = rule(op, _status(message), condition)
-    failures = message.failures + 1
-    retry_at = min(step.bp_ms + step.config.backoff_ms(failures), message.expire_at_ms)
-    return msgspec.structs.replace(
-        _touch(step, message),
-        status=Status(verdict.to_status),
+def _after_failure(
+    step: Step, before: Message, base: Message, op: str, error: str, *, spends: bool
+) -> Message:
+    """A try failed (or its fate is unknown): back off and retry, wait for evidence, or
+    dead-letter once the budget is spent. Transient failures cost no attempt; every failure
+    doubles the next backoff. A retry is never keyed before the generation's first action
+    time, whatever the entry's persistence time says."""
+    cfg = step.config
+    spent = base.attempts_spent + (1 if spends else 0)
+    behind_unknown = base.open_attempts > 0
+    if op == "outcome_unknown":
+        condition = "-"
+    elif spent >= cfg.max_attempts:
+        condition = "budget_spent"
+    elif op in ("outcome_permanent", "claim_result"):
+        condition = "budget_left_behind_unknown" if behind_unknown else "budget_left"
+    else:
+        condition = "behind_unknown" if behind_unknown else "alone"
+    verdict = rule(op, _status(before), condition)
+    status = Status(verdict.to_status)
+    failures = base.failures + 1
+    first_action_ms = action_at(base.deliver_at_ms, base.capability)
+    retry_at = max(step.bp_ms + cfg.backoff_ms(failures), first_action_ms)
+    has_work = False
+    action_at_ms = base.action_at_ms
+    if status is Status.SCHEDULED:
+        # Keyed no later than expireAt so an expiry is discovered on time.
+        has_work, action_at_ms = True, min(retry_at, base.expire_at_ms)
+    elif status is Status.UNCERTAIN and (
+        base.uncertain_retries < cfg.max_uncertain_retries and retry_at < base.expire_at_ms
+    ):
+        has_work, action_at_ms = True, retry_at
+    updated = msgspec.structs.replace(
+        base,
+        status=status,
         attempts_spent=spent,
         failures=failures,
         last_error=error,
-        # Retry work is keyed no later than expireAt so expiry is discovered on time.
-        action_at_ms=retry_at if verdict.to_status == Status.SCHEDULED else message.action_at_ms,
+        has_work=has_work,
+        action_at_ms=action_at_ms,
     )
-
-
-def _settle(step: Step, before: Message, after: Message) -> None:
-    """Store `after` and emit what its new status implies for the timeline and the DLQ."""
-    step.put_message(before, after)
-    if after.status is Status.SCHEDULED:
-        step.put_timeline(after, "retry")
-    elif after.status is Status.DEAD_LETTERED:
+    if before.has_work:
+        step.remove_timeline(before)
+    step.put_message(before, updated)
+    if has_work:
+        step.put_timeline(updated, "retry")
+    if status is Status.DEAD_LETTERED:
         step.effects.append(
             DeadLetter(
-                message_id=after.message_id,
-                generation=after.generation,
-                attempts_spent=after.attempts_spent,
-                failures=after.failures,
-                last_error=after.last_error,
+                message_id=updated.message_id,
+                generation=updated.generation,
+                attempts_spent=updated.attempts_spent,
+                failures=updated.failures,
+                last_error=updated.last_error,
             )
         )
+    return updated
 
 
 def claim_result(step: Step, r: ClaimResult) -> None:
@@ -245,12 +289,12 @@ def claim_result(step: Step, r: ClaimResult) -> None:
     if not _matches(message, r.generation, r.version):
         return step.rejected(Code.CLAIM_RESULT_STALE, message)
     assert message is not None
-    if rule("claim_result", _status(message), "budget_left").code is Code.CLAIM_RESULT_STALE:
+    if message.status not in (Status.SCHEDULED, Status.UNCERTAIN) or not message.has_work:
         return step.rejected(Code.CLAIM_RESULT_STALE, message)
-    updated = _failed(step, message, "claim_result", r.error_code, spends=True)
-    step.remove_timeline(message)
     step.revoke(message, Code.CLAIM_RESULT_RECORDED, r.claim_id)
-    _settle(step, message, updated)
+    updated = _after_failure(
+        step, message, _touch(step, message), "claim_result", r.error_code, spends=True
+    )
     step.applied(Code.CLAIM_RESULT_RECORDED, updated)
 
 
@@ -263,8 +307,8 @@ def expire(step: Step, r: Expire) -> None:
         code = Code.EXPIRE_STALE
     else:
         assert message is not None
-        verdict = rule("expire", _status(message), "-")
-        if verdict.code is not Code.EXPIRED:
+        verdict = rule("expire", _status(message), _armed(message))
+        if verdict.code not in (Code.EXPIRED, Code.RETRY_WINDOW_CLOSED):
             code = verdict.code
         elif r.interval.earliest_ms < message.expire_at_ms:
             code = Code.EXPIRE_EVIDENCE_INVALID
@@ -273,11 +317,12 @@ def expire(step: Step, r: Expire) -> None:
     if code is not None:
         return step.rejected(code, message)
     assert message is not None
-    expired = msgspec.structs.replace(_touch(step, message), status=Status.EXPIRED)
     step.remove_timeline(message)
-    step.revoke(message, Code.EXPIRED)
-    step.put_message(message, expired)
-    step.applied(Code.EXPIRED, expired)
+    step.revoke(message, verdict.code)
+    status = Status.EXPIRED if verdict.code is Code.EXPIRED else message.status
+    updated = msgspec.structs.replace(_touch(step, message), status=status, has_work=False)
+    step.put_message(message, updated)
+    step.applied(verdict.code, updated)
 
 
 def lane_gate(step: Step, r: LaneGate) -> None:

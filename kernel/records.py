@@ -177,9 +177,9 @@ ShardStatus = Literal["ACTIVE_FOR_COMMANDS", "PAUSED", "FROZEN"]
 
 
 class ShardState(_Tagged, tag="SHARD_STATE_V1", frozen=True):
-    """ACTIVE_FOR_COMMANDS: normal. PAUSED: an operator stopped the fire (no admissions, no
-    expiries); commands, cancels included, still apply. FROZEN: read-only; commands are
-    rejected, admissions are stale; outcomes are still recorded because they report facts."""
+    """ACTIVE_FOR_COMMANDS: normal. PAUSED: an operator stopped the fire (Admissions and
+    expiries are refused); commands, cancels included, still apply. FROZEN: commands are
+    refused too. Outcomes are recorded in every state because they report facts."""
 
     state: ShardStatus
     reason: str = ""

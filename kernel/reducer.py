@@ -29,6 +29,7 @@ from kernel.records import (
 )
 from kernel.state import State
 from kernel.step import Step
+from kernel.timing import MAX_INSTANT_MS
 
 
 def reduce(state: State, entry: LogEntry) -> tuple[State, tuple[Effect, ...]]:
@@ -38,6 +39,9 @@ def reduce(state: State, entry: LogEntry) -> tuple[State, tuple[Effect, ...]]:
         outcome = EntryOutcome(entry.position, record_type(entry.record), False, code)
         return state, (outcome,)
     step = Step(state, entry)
+    if not 0 <= entry.persisted_at_ms < MAX_INSTANT_MS:
+        step.rejected(Code.PERSISTED_AT_OUT_OF_RANGE)
+        return step.finish()
     if entry.persisted_at_ms < state.meta.last_persisted_at_ms:
         step.rejected(Code.PERSISTED_AT_REGRESSED)
         return step.finish()

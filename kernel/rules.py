@@ -7,10 +7,16 @@ from it (`python -m kernel.specgen`), so code, tests and docs cannot drift apart
 validation and preconditions (identity, timing, versions, evidence) come before the table and
 are listed in `kernel/codes.py` in the order they are checked.
 
-`ABSENT` stands for "no row under this identity". Conditions:
+`ABSENT` stands for "no row under this identity"; `OLD_GENERATION` for an outcome whose
+attempt belongs to a generation the message has since left. Conditions:
   identical      the command repeats the current generation's request exactly (same txn too)
   changed        it does not
-  budget_left    after spending one attempt, attempts remain
+  armed          an UNCERTAIN message has retry work in the timeline
+  unarmed        it has none (retries used up, or expireAt passed)
+  alone          no other attempt of the generation is still open (UNKNOWN)
+  behind_unknown another attempt of the generation is still UNKNOWN
+  budget_left    after spending one attempt, attempts remain (and no other attempt is open)
+  budget_left_behind_unknown   attempts remain, and another attempt is still UNKNOWN
   budget_spent   after spending one attempt, none remain
   -              the status alone decides
 """
@@ -23,6 +29,7 @@ from kernel.codes import Code
 from kernel.model import Status
 
 ABSENT: Final = "ABSENT"
+OLD_GENERATION: Final = "OLD_GENERATION"
 ANY: Final = "-"
 SAME: Final = "="  # to_status: unchanged
 
@@ -41,18 +48,14 @@ C, E, X = Status.CANCELED, Status.EXPIRED, Status.DEAD_LETTERED
 FINISHED_PENDING_FREE = (C, E, X)
 
 _rows: list[Rule] = [
-    # schedule: an upsert on (tenant, queue, timer_key).
+    # schedule: an upsert on (tenant, queue, timer_key). An exact retry never changes
+    # anything, whatever happened since: a late retry must not revive a finished timer.
     Rule("schedule", ABSENT, ANY, Code.SCHEDULED, S, True),
-    Rule("schedule", S, "identical", Code.UNCHANGED, SAME),
+    *(Rule("schedule", st, "identical", Code.UNCHANGED, SAME) for st in (S, P, U, D, C, E, X)),
     Rule("schedule", S, "changed", Code.RESCHEDULED, S, True),
-    Rule("schedule", P, "identical", Code.UNCHANGED, SAME),
     Rule("schedule", P, "changed", Code.TOO_LATE, SAME),
-    Rule("schedule", U, "identical", Code.UNCHANGED, SAME),
     Rule("schedule", U, "changed", Code.TOO_LATE, SAME),
-    # A delivered timer's exact retry must not deliver twice; new content is a new timer.
-    Rule("schedule", D, "identical", Code.UNCHANGED, SAME),
-    Rule("schedule", D, "changed", Code.SCHEDULED, S, True),
-    *(Rule("schedule", st, ANY, Code.SCHEDULED, S, True) for st in FINISHED_PENDING_FREE),
+    *(Rule("schedule", st, "changed", Code.SCHEDULED, S, True) for st in (D, C, E, X)),
     # reschedule: timing only, same content, new txn.
     Rule("reschedule", ABSENT, ANY, Code.ABSENT, SAME),
     Rule("reschedule", S, "identical", Code.UNCHANGED, SAME),
@@ -65,27 +68,58 @@ _rows: list[Rule] = [
     Rule("cancel", S, ANY, Code.CANCELED, C),
     *(Rule("cancel", st, ANY, Code.TOO_LATE, SAME) for st in (P, U, D)),
     *(Rule("cancel", st, ANY, Code.ABSENT, SAME) for st in FINISHED_PENDING_FREE),
-    # Publish Admission: only a pending generation can be admitted.
+    # Publish Admission: a pending generation, or an UNCERTAIN one whose retry is armed
+    # (the retry may duplicate the UNKNOWN attempt; that attempt stays an obligation).
     Rule("admission", S, ANY, Code.ADMITTED, P),
-    *(Rule("admission", st, ANY, Code.ADMISSION_STALE, SAME) for st in (P, U, D, C, E, X)),
+    Rule("admission", U, "armed", Code.ADMITTED, P),
+    Rule("admission", U, "unarmed", Code.ADMISSION_STALE, SAME),
+    *(Rule("admission", st, ANY, Code.ADMISSION_STALE, SAME) for st in (P, D, C, E, X)),
     Rule("admission", ABSENT, ANY, Code.ADMISSION_STALE, SAME),
     # Claim result: a permanent pre-send error spends one attempt.
     Rule("claim_result", S, "budget_left", Code.CLAIM_RESULT_RECORDED, S),
-    Rule("claim_result", S, "budget_spent", Code.CLAIM_RESULT_RECORDED, X),
-    *(Rule("claim_result", st, ANY, Code.CLAIM_RESULT_STALE, SAME) for st in (P, U, D, C, E, X)),
+    Rule("claim_result", U, "budget_left_behind_unknown", Code.CLAIM_RESULT_RECORDED, U),
+    *(Rule("claim_result", st, "budget_spent", Code.CLAIM_RESULT_RECORDED, X) for st in (S, U)),
+    *(Rule("claim_result", st, ANY, Code.CLAIM_RESULT_STALE, SAME) for st in (P, D, C, E, X)),
     Rule("claim_result", ABSENT, ANY, Code.CLAIM_RESULT_STALE, SAME),
-    # Expiry: only when nothing is admitted.
+    # Expiry: only when nothing was admitted. For an UNCERTAIN message it only disarms the
+    # retry: something may be at the destination, so it is not EXPIRED.
     Rule("expire", S, ANY, Code.EXPIRED, E),
-    *(Rule("expire", st, ANY, Code.EXPIRE_STALE, SAME) for st in (P, U, D, C, E, X)),
+    Rule("expire", U, "armed", Code.RETRY_WINDOW_CLOSED, SAME),
+    Rule("expire", U, "unarmed", Code.EXPIRE_STALE, SAME),
+    *(Rule("expire", st, ANY, Code.EXPIRE_STALE, SAME) for st in (P, D, C, E, X)),
     Rule("expire", ABSENT, ANY, Code.EXPIRE_STALE, SAME),
-    # Outcomes, by the message status that the open attempt implies.
+    # Outcomes of an attempt of the message's current generation, by the message status.
+    # After delivery, later outcomes of other attempts change only the ledger.
     Rule("outcome_published", P, ANY, Code.OUTCOME_RECORDED, D),
     Rule("outcome_published", U, ANY, Code.OUTCOME_RECORDED, D),
-    Rule("outcome_retriable", P, ANY, Code.OUTCOME_RECORDED, S),
-    Rule("outcome_lane_unavailable", P, ANY, Code.OUTCOME_RECORDED, S),
+    Rule("outcome_published", D, ANY, Code.OUTCOME_RECORDED, SAME),
+    Rule("outcome_published", X, ANY, Code.OUTCOME_RECORDED, SAME),
+    *(
+        r
+        for op in ("outcome_retriable", "outcome_lane_unavailable")
+        for r in (
+            Rule(op, P, "alone", Code.OUTCOME_RECORDED, S),
+            Rule(op, P, "behind_unknown", Code.OUTCOME_RECORDED, U),
+            Rule(op, D, ANY, Code.OUTCOME_RECORDED, SAME),
+        )
+    ),
     Rule("outcome_permanent", P, "budget_left", Code.OUTCOME_RECORDED, S),
+    Rule("outcome_permanent", P, "budget_left_behind_unknown", Code.OUTCOME_RECORDED, U),
     Rule("outcome_permanent", P, "budget_spent", Code.OUTCOME_RECORDED, X),
+    Rule("outcome_permanent", D, ANY, Code.OUTCOME_RECORDED, SAME),
     Rule("outcome_unknown", P, ANY, Code.OUTCOME_RECORDED, U),
+    Rule("outcome_unknown", D, ANY, Code.OUTCOME_RECORDED, SAME),
+    # An attempt of a superseded generation: only the ledger changes.
+    *(
+        Rule(op, OLD_GENERATION, ANY, Code.OUTCOME_RECORDED, SAME)
+        for op in (
+            "outcome_published",
+            "outcome_retriable",
+            "outcome_lane_unavailable",
+            "outcome_permanent",
+            "outcome_unknown",
+        )
+    ),
 ]
 
 LIFECYCLE: Final[tuple[Rule, ...]] = tuple(_rows)

@@ -216,10 +216,11 @@ class Step:
                     for name, delta in self.counter_deltas.items()
                 },
             )
+        bp_ms = self.bp_ms if self.outcome.code is not Code.PERSISTED_AT_OUT_OF_RANGE else 0
         new_meta = msgspec.structs.replace(
             meta,
             position=self.position,
-            last_persisted_at_ms=max(meta.last_persisted_at_ms, self.bp_ms),
+            last_persisted_at_ms=max(meta.last_persisted_at_ms, bp_ms),
             shard_status=self.shard_status,
             counters=counters,
         )

@@ -26,6 +26,9 @@ from kernel.codes import Code
 # still exact integers everywhere (msgpack, JSON, LMDB keys).
 MIN_TIME_MS = -(2**62)
 MAX_TIME_MS = 2**62
+# Valid instants and durations in records: [0, 2^53), exact in JSON doubles too, and far
+# enough inside the key range that sums of two of them still encode.
+MAX_INSTANT_MS = 2**53
 
 
 class TrustedInterval(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -78,8 +81,11 @@ class TimingLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("min_delivery_window_ms must be >= 0")
         if self.max_delay_horizon_ms < 0:
             raise ValueError("max_delay_horizon_ms must be >= 0")
-        if self.max_message_lifetime_ms < self.min_delivery_window_ms:
-            raise ValueError("max_message_lifetime_ms must be >= min_delivery_window_ms")
+        if self.max_message_lifetime_ms < self.max_delay_horizon_ms + self.min_delivery_window_ms:
+            # Otherwise a timer scheduled at the horizon could never satisfy the window.
+            raise ValueError(
+                "max_message_lifetime_ms must be >= max_delay_horizon_ms + min_delivery_window_ms"
+            )
 
 
 def validate_timing(

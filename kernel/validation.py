@@ -13,6 +13,7 @@ import re
 from kernel.codes import Code
 from kernel.config import KernelConfig
 from kernel.records import Capability
+from kernel.timing import MAX_INSTANT_MS
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # Header names the destination adapters write themselves; a client may not forge them.
@@ -84,8 +85,9 @@ def resolve_timing(
         return Code.INVALID_TIMING
     if expire_at_ms is not None and lifetime_ms is not None:
         return Code.INVALID_TIMING
-    if (delay_ms is not None and delay_ms < 0) or (lifetime_ms is not None and lifetime_ms < 0):
-        return Code.INVALID_TIMING
+    for value in (deliver_at_ms, delay_ms, expire_at_ms, lifetime_ms):
+        if value is not None and not 0 <= value < MAX_INSTANT_MS:
+            return Code.INVALID_TIMING
     deliver = deliver_at_ms if deliver_at_ms is not None else bp_ms + (delay_ms or 0)
     if expire_at_ms is not None:
         expire = expire_at_ms
