@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from adapters import demo, storecmd
+from adapters import demo, servecmd, storecmd
 from replay import cli as replay_cli
 
 
@@ -16,6 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.register(sub)
     replay_cli.register(sub)
     storecmd.register(sub)
+    servecmd.register(sub)
     args = parser.parse_args(argv)
     handler = args.handler
     result: int = handler(args)

@@ -20,25 +20,11 @@ import ctypes.util
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 from kernel.timing import UNBOUNDED, TrustedInterval
+from runtime.clock import ClockStatus
 
 STA_UNSYNC = 0x0040
-
-
-class ClockSource(Protocol):
-    def interval(self) -> TrustedInterval: ...
-
-    def describe(self) -> ClockStatus: ...
-
-
-@dataclass(frozen=True)
-class ClockStatus:
-    synchronized: bool
-    error_bound_ms: float | None  # None: unbounded
-    assumed: bool  # the bound is the operator's assumption, not the host's report
-    source: str
 
 
 class _Timeval(ctypes.Structure):
@@ -148,6 +134,9 @@ class SystemClock:
         return TrustedInterval(
             (now_ns - error_ns) // 1_000_000, -((-(now_ns + error_ns)) // 1_000_000)
         )
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
 
     def describe(self) -> ClockStatus:
         report = read_adjtimex()

@@ -12,7 +12,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kernel.model import Table, Value
-from storage.codec import decode_value
+from storage.codec import decode_struct, decode_value, lane_prefix
+from storage.schema import PayloadBlob
 
 
 class LmdbBase:
@@ -45,3 +46,44 @@ class LmdbBase:
                 if stop is not None and key >= stop:
                     return
                 yield key, decode_value(table, data, self._path, key)
+
+
+class StoreView(LmdbBase):
+    """A read snapshot of the whole shard store: tables, payload bytes, the lane index."""
+
+    __slots__ = ("_env",)
+
+    def __init__(self, txn: Any, env: Any) -> None:
+        super().__init__(txn, env.tables, env.data_file)
+        self._env = env
+
+    def payload(self, digest: str) -> bytes | None:
+        raw = self._txn.get(digest.encode(), db=self._env.payload_bytes)
+        if raw is None:
+            return None
+        return decode_struct(PayloadBlob, raw, self._path, f"payload {digest}").data
+
+    def lanes(self) -> Iterator[tuple[str, str, bytes]]:
+        """(tenant, queue, first timeline key) of every lane with timeline work."""
+        with self._txn.cursor(db=self._env.lane_timeline) as cursor:
+            found = cursor.first()
+            while found:
+                key = cursor.key()
+                tenant, queue, rest = key.split(b"\x00", 2)
+                yield tenant.decode(), queue.decode(), rest
+                found = cursor.set_range(tenant + b"\x00" + queue + b"\x00" + b"\xff" * 33)
+
+    def lane_keys(self, tenant: str, queue: str) -> Iterator[bytes]:
+        """The lane's timeline keys in due order."""
+        prefix = lane_prefix(tenant, queue)
+        with self._txn.cursor(db=self._env.lane_timeline) as cursor:
+            if not cursor.set_range(prefix):
+                return
+            for key in cursor.iternext(values=False):
+                if not key.startswith(prefix):
+                    return
+                yield key[len(prefix) :]
+
+    def first_timeline_key(self) -> bytes | None:
+        with self._txn.cursor(db=self._env.tables[Table.TIMELINE]) as cursor:
+            return cursor.key() if cursor.first() else None

@@ -32,7 +32,7 @@ from kernel.model import ShardMeta, Table, TimelineWork, Value
 from kernel.records import LogEntry, Record, Schedule
 from kernel.reducer import reduce
 from kernel.state import State
-from storage.base import LmdbBase
+from storage.base import LmdbBase, StoreView
 from storage.codec import (
     decode_entry,
     decode_struct,
@@ -393,10 +393,10 @@ class ShardStore:
     # Reading ------------------------------------------------------------------------------
 
     @contextmanager
-    def read(self) -> Iterator[LmdbBase]:
+    def read(self) -> Iterator[StoreView]:
         """A consistent read view of the materialized tables (peek, scans, audits)."""
         with self._env.env.begin() as txn:
-            yield LmdbBase(txn, self._env.tables, self._env.data_file)
+            yield StoreView(txn, self._env)
 
     @contextmanager
     def state_view(self) -> Iterator[State]:

@@ -1,0 +1,31 @@
+"""Runtime bounds. Everything the runtime queues, holds or scans has a limit here."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    owner: str = "nereus"
+    # Per tick: commands taken from the intake queue, and admissions proposed.
+    max_commands_per_tick: int = 4096
+    max_admissions_per_tick: int = 512
+    # Timeline rows examined per lane per tick (a lane full of PAUSEd work cannot stall
+    # discovery of the others).
+    lane_scan_limit: int = 256
+    # Permits: claims in flight overall, per lane, and their payload bytes.
+    max_inflight_claims: int = 4096
+    max_inflight_per_lane: int = 1024
+    max_inflight_bytes: int = 256 * 1024 * 1024
+    # Deficit round robin quanta: messages per visit, for a tenant and for a lane.
+    tenant_quantum: int = 64
+    lane_quantum: int = 32
+    claim_deadline_ms: int = 30_000
+    # The loop sleeps until the next due time, but never longer than this, and wakes at
+    # once when a command arrives.
+    idle_sleep_max_ms: int = 50
+    reconcile_interval_ms: int = 5_000
+    # After a lane_unavailable outcome the lane is not READY for this long.
+    lane_unready_ms: int = 1_000
+    # Commands waiting in the intake queue before submit() pushes back.
+    max_queued_commands: int = 65_536

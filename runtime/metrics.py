@@ -1,0 +1,122 @@
+"""A small metrics registry rendered in the Prometheus text exposition format.
+
+Theory of operation: the runtime thread updates plain counters under one lock; `/metrics`
+renders a consistent copy. Label sets are bounded by construction (outcome classes, statuses,
+tenants from configuration), never by message ids.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+
+LabelKey = tuple[tuple[str, str], ...]
+
+LAG_BUCKETS_S: Sequence[float] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    60.0,
+)
+
+
+def _labels(labels: dict[str, str] | None) -> LabelKey:
+    return tuple(sorted((labels or {}).items()))
+
+
+def _fmt_labels(key: LabelKey, extra: tuple[tuple[str, str], ...] = ()) -> str:
+    items = key + extra
+    if not items:
+        return ""
+    body = ",".join(f'{k}="{_escape(v)}"' for k, v in items)
+    return "{" + body + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value):
+        return str(int(value))
+    return repr(value)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._help: dict[str, tuple[str, str]] = {}
+        self._values: dict[str, dict[LabelKey, float]] = {}
+        self._hist: dict[str, dict[LabelKey, list[float]]] = {}
+        self._buckets: dict[str, Sequence[float]] = {}
+
+    def describe(self, name: str, kind: str, text: str) -> None:
+        self._help[name] = (kind, text)
+
+    def inc(self, name: str, amount: float = 1.0, labels: dict[str, str] | None = None) -> None:
+        with self._lock:
+            series = self._values.setdefault(name, {})
+            key = _labels(labels)
+            series[key] = series.get(key, 0.0) + amount
+
+    def set(self, name: str, value: float, labels: dict[str, str] | None = None) -> None:
+        with self._lock:
+            self._values.setdefault(name, {})[_labels(labels)] = value
+
+    def observe(
+        self,
+        name: str,
+        value: float,
+        labels: dict[str, str] | None = None,
+        buckets: Sequence[float] = LAG_BUCKETS_S,
+    ) -> None:
+        with self._lock:
+            self._buckets.setdefault(name, buckets)
+            series = self._hist.setdefault(name, {})
+            key = _labels(labels)
+            counts = series.get(key)
+            if counts is None:
+                counts = series[key] = [0.0] * (len(self._buckets[name]) + 2)
+            for i, bound in enumerate(self._buckets[name]):
+                if value <= bound:
+                    counts[i] += 1
+            counts[-2] += 1  # count
+            counts[-1] += value  # sum
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        with self._lock:
+            return self._values.get(name, {}).get(_labels(labels), 0.0)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        with self._lock:
+            names = sorted(set(self._values) | set(self._hist))
+            for name in names:
+                kind, text = self._help.get(name, ("untyped", ""))
+                if text:
+                    lines.append(f"# HELP {name} {text}")
+                lines.append(f"# TYPE {name} {kind}")
+                for key, value in sorted(self._values.get(name, {}).items()):
+                    lines.append(f"{name}{_fmt_labels(key)} {_num(value)}")
+                for key, counts in sorted(self._hist.get(name, {}).items()):
+                    for i, bound in enumerate(self._buckets[name]):
+                        le = (("le", _num(bound)),)
+                        lines.append(f"{name}_bucket{_fmt_labels(key, le)} {_num(counts[i])}")
+                    inf = (("le", "+Inf"),)
+                    lines.append(f"{name}_bucket{_fmt_labels(key, inf)} {_num(counts[-2])}")
+                    lines.append(f"{name}_count{_fmt_labels(key)} {_num(counts[-2])}")
+                    lines.append(f"{name}_sum{_fmt_labels(key)} {_num(counts[-1])}")
+        return "\n".join(lines) + "\n"

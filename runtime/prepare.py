@@ -1,0 +1,75 @@
+"""Materialize a claimed message into the exact record the destination will receive.
+
+Theory of operation: everything that can be proven wrong before a send is checked here, so a
+permanent problem becomes a CLAIM_RESULT_V1 in the log instead of a failed attempt: payload
+bytes missing, not matching their digest or size, or a record larger than the destination
+accepts. Nereus's own headers carry the identity and evidence keys (message id, generation,
+txn, producer); the attempt id header is added at send time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from kernel.model import Message
+from runtime.destination import (
+    H_DELIVER_AT,
+    H_GENERATION,
+    H_MESSAGE_ID,
+    H_PRODUCER,
+    H_PRODUCER_SUB,
+    H_TXN,
+    Destination,
+    PreparedPublish,
+)
+
+
+@dataclass(frozen=True)
+class PrepareFailure:
+    error_code: str
+    detail: str
+
+
+def prepare(
+    message: Message, payload: bytes | None, destination: Destination, producer: str
+) -> PreparedPublish | PrepareFailure:
+    if payload is None:
+        return PrepareFailure("payload_missing", f"no bytes for digest {message.payload_digest}")
+    if len(payload) != message.payload_size:
+        return PrepareFailure(
+            "payload_size_mismatch", f"{len(payload)} bytes, expected {message.payload_size}"
+        )
+    if hashlib.sha256(payload).hexdigest() != message.payload_digest:
+        return PrepareFailure("payload_checksum_mismatch", "payload bytes do not match digest")
+    headers: list[tuple[str, bytes]] = [(k, v.encode()) for k, v in message.headers]
+    headers += [
+        (H_MESSAGE_ID, message.message_id.encode()),
+        (H_GENERATION, str(message.generation).encode()),
+        (H_TXN, message.txn.encode()),
+        (H_DELIVER_AT, str(message.deliver_at_ms).encode()),
+        (H_PRODUCER, producer.encode()),
+    ]
+    if message.producer_sub is not None:
+        headers.append((H_PRODUCER_SUB, message.producer_sub.encode()))
+    topic = destination.topic_for(message.queue)
+    prepared = PreparedPublish(
+        destination=destination.name,
+        topic=topic,
+        key=message.partition_key.encode() if message.partition_key is not None else None,
+        value=payload,
+        headers=tuple(headers),
+        message_id=message.message_id,
+        generation=message.generation,
+        txn=message.txn,
+        deliver_at_ms=message.deliver_at_ms,
+        producer_sub=message.producer_sub,
+        encrypted=message.encrypted,
+    )
+    limit = destination.max_record_bytes(topic)
+    # The attempt-id header is added at send time; reserve room for it.
+    if prepared.size_bytes() + 128 > limit:
+        return PrepareFailure(
+            "record_too_large", f"{prepared.size_bytes()} bytes > {limit} accepted by {topic}"
+        )
+    return prepared

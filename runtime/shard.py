@@ -1,0 +1,653 @@
+"""The shard runtime: one thread that owns a shard store and turns due timers into sends.
+
+Theory of operation: each `tick()` gathers everything that must enter the shard log —
+client commands from the intake queue, outcomes reported by the destination, recovery and
+reconciliation results, and the Admissions, claim results and expiries proposed by due
+discovery — and commits them with ONE group commit (append + fold + claims, one sync). Only
+then does it act on the effects: replies complete the callers' futures, revocations drop
+claims, and each Publish becomes a send, handed to the destination only while its claim is
+still ours and the trusted clock proves its action time has come. Results come back through
+the next tick. A broken invariant raises out of `tick()` and halts the runtime: restarting
+replays the log rather than guessing.
+
+Due discovery walks the per-lane timeline index in two-level deficit-round-robin order
+(`runtime.drr`), so a lane with a large backlog cannot starve the others.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kernel.effects import (
+    DeadLetter,
+    Effect,
+    EntryOutcome,
+    Publish,
+    RevokeClaim,
+)
+from kernel.keys import attempt_prefix, lane_id, parse_timeline_key, str_key
+from kernel.model import (
+    Attempt,
+    AttemptStatus,
+    Lane,
+    Message,
+    Obligation,
+    Status,
+    Table,
+    TimelineWork,
+)
+from kernel.records import (
+    Capacity,
+    ClaimResult,
+    Expire,
+    LogEntry,
+    NotPublished,
+    PublishAdmission,
+    Published,
+    PublishOutcome,
+    Record,
+    Unknown,
+)
+from kernel.timing import Decision, TrustedInterval, decide
+from runtime.claims import Claim, ClaimTable
+from runtime.clock import ClockSource
+from runtime.config import RuntimeConfig
+from runtime.destination import Destination, PreparedPublish, Send
+from runtime.drr import DeficitRoundRobin
+from runtime.log import Logger, NullLogger
+from runtime.metrics import Metrics
+from runtime.prepare import PrepareFailure, prepare
+from storage.base import StoreView
+from storage.store import Appendable, ShardStore
+
+
+class RuntimeHalted(RuntimeError):
+    """The runtime stopped on an error it must not guess past; restart replays the log."""
+
+
+class Overloaded(RuntimeError):
+    """The intake queue is full; retry later."""
+
+
+class CommandFuture:
+    """Completes with one EntryOutcome per submitted record, in order, after the batch is
+    durably committed."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._done = threading.Event()
+        self._outcomes: list[EntryOutcome] = []
+        self._error: BaseException | None = None
+
+    def _set(self, outcomes: list[EntryOutcome]) -> None:
+        self._outcomes = outcomes
+        self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout_s: float | None = None) -> list[EntryOutcome]:
+        if not self._done.wait(timeout_s):
+            raise TimeoutError("the command was not committed in time")
+        if self._error is not None:
+            raise RuntimeHalted(str(self._error)) from self._error
+        return self._outcomes
+
+
+@dataclass
+class _PendingSend:
+    claim: Claim
+    publish: Publish
+
+
+@dataclass
+class _Tick:
+    interval: TrustedInterval
+    now_ms: int
+    items: list[Appendable] = field(default_factory=list)
+    waiters: list[tuple[CommandFuture, int]] = field(default_factory=list)
+
+
+class ShardRuntime:
+    def __init__(
+        self,
+        store: ShardStore,
+        destination: Destination,
+        clock: ClockSource,
+        *,
+        config: RuntimeConfig | None = None,
+        metrics: Metrics | None = None,
+        logger: Logger | None = None,
+    ) -> None:
+        self.store = store
+        self.destination = destination
+        self.clock = clock
+        self.config = config or RuntimeConfig()
+        self.metrics = metrics or Metrics()
+        self.log = logger or NullLogger()
+        self.claims = ClaimTable(self.config, store.header.store_id, fencing_revision=1)
+        with store.env.env.begin() as txn:
+            stale = self.claims.load(txn, store.env.claims, store.path)
+        if stale:
+            self.log.info("claims_dropped_on_start", count=stale)
+        self.drr = DeficitRoundRobin(self.config.tenant_quantum, self.config.lane_quantum)
+        self._intake: deque[tuple[list[Appendable], CommandFuture]] = deque()
+        self._intake_lock = threading.Lock()
+        self._queued = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending_sends: list[_PendingSend] = []
+        self._deferred: list[Appendable] = []
+        self._dlq_inflight: set[str] = set()
+        self._lane_unready_until: dict[tuple[str, str], int] = {}
+        self._recovered = False
+        self._last_reconcile_ms = 0
+        self.halted: BaseException | None = None
+        _describe_metrics(self.metrics)
+
+    # Intake -------------------------------------------------------------------------------
+
+    def submit(self, items: Sequence[Appendable]) -> CommandFuture:
+        """Queue records to be appended as one unit; the future completes after commit."""
+        if self.halted is not None:
+            raise RuntimeHalted(f"runtime halted: {self.halted}")
+        future = CommandFuture(len(items))
+        with self._intake_lock:
+            if self._queued + len(items) > self.config.max_queued_commands:
+                raise Overloaded("intake queue full")
+            self._intake.append((list(items), future))
+            self._queued += len(items)
+        self._wake.set()
+        return future
+
+    def execute(self, items: Sequence[Appendable], timeout_s: float = 30.0) -> list[EntryOutcome]:
+        return self.submit(items).result(timeout_s)
+
+    # The loop -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name="nereus-shard", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sleep_s = self.tick()
+            except BaseException as exc:
+                self._halt(exc)
+                return
+            if sleep_s > 0:
+                self._wake.wait(sleep_s)
+            self._wake.clear()
+
+    def _halt(self, exc: BaseException) -> None:
+        self.halted = exc
+        self.log.error("runtime_halted", error=repr(exc))
+        with self._intake_lock:
+            pending = list(self._intake)
+            self._intake.clear()
+        for _items, future in pending:
+            future._fail(exc)
+
+    def tick(self) -> float:
+        """One round: gather, commit once, act on effects, send. Returns how long the
+        caller may sleep before the next round."""
+        tick = _Tick(interval=self.clock.interval(), now_ms=self.clock.now_ms())
+        self._take_commands(tick)
+        if not self._recovered:
+            tick.items.extend(self._recover())
+            self._recovered = True
+        tick.items.extend(self._collect_results())
+        tick.items.extend(self._deferred)
+        self._deferred = []
+        if tick.now_ms - self._last_reconcile_ms >= self.config.reconcile_interval_ms:
+            self._last_reconcile_ms = tick.now_ms
+            tick.items.extend(self._reconcile())
+        if self.store.meta.shard_status == "ACTIVE_FOR_COMMANDS":
+            tick.items.extend(self._discover(tick))
+        if tick.items or self.store.log_last_position > self.store.meta.position:
+            self._commit(tick)
+        self._send_ready(tick)
+        self._update_gauges(tick)
+        return self._next_sleep_s(tick)
+
+    def _take_commands(self, tick: _Tick) -> None:
+        with self._intake_lock:
+            while self._intake and len(tick.items) < self.config.max_commands_per_tick:
+                items, future = self._intake.popleft()
+                self._queued -= len(items)
+                tick.waiters.append((future, len(tick.items)))
+                tick.items.extend(items)
+
+    def _commit(self, tick: _Tick) -> None:
+        env = self.store.env
+        entries, results = self.store.commit(
+            tick.items, tick.now_ms, also=lambda txn: self.claims.flush(txn, env.claims)
+        )
+        outcomes: dict[int, EntryOutcome] = {}
+        for entry, effects in results:
+            outcome = effects[0]
+            assert isinstance(outcome, EntryOutcome)
+            outcomes[entry.position] = outcome
+            self._observe(entry, outcome)
+            for effect in effects[1:]:
+                self._act(effect, tick)
+        for future, start in tick.waiters:
+            future._set([outcomes[e.position] for e in entries[start : start + future.count]])
+
+    def _observe(self, entry: LogEntry, outcome: EntryOutcome) -> None:
+        m = self.metrics
+        m.inc("nereus_entries_total", labels={"type": outcome.record_type, "code": outcome.code})
+        if outcome.record_type == "PUBLISH_OUTCOME_V1" and outcome.applied:
+            claim = self.claims.get(outcome.message_id or "")
+            if claim is not None and claim.attempt_id == outcome.attempt_id:
+                self.claims.drop(claim.message_id, claim.claim_id)
+            record = entry.record
+            assert isinstance(record, PublishOutcome)
+            result = record.result
+            cls = type(result).__struct_config__.tag
+            m.inc("nereus_outcomes_total", labels={"class": str(cls)})
+            if isinstance(result, Published) and outcome.deliver_at_ms is not None:
+                lag_ms = result.evidence.timestamp_ms - outcome.deliver_at_ms
+                m.observe("nereus_fire_lag_seconds", max(lag_ms, 0) / 1000)
+                if lag_ms < 0:
+                    m.inc("nereus_early_deliveries_total")
+                    self.log.error("early_delivery", attempt_id=outcome.attempt_id, lag_ms=lag_ms)
+            if isinstance(result, NotPublished) and result.disposition == "lane_unavailable":
+                msg = self._message(outcome.message_id or "")
+                if msg is not None:
+                    until = self.clock.now_ms() + self.config.lane_unready_ms
+                    self._lane_unready_until[(msg.tenant, msg.queue)] = until
+        elif outcome.record_type == "PUBLISH_ADMISSION_V1":
+            m.inc(
+                "nereus_admissions_total", labels={"result": "won" if outcome.applied else "stale"}
+            )
+
+    def _act(self, effect: Effect, tick: _Tick) -> None:
+        match effect:
+            case Publish() as publish:
+                claim = self.claims.get(publish.message_id)
+                if (
+                    claim is None
+                    or claim.claim_id != publish.claim_id
+                    or claim.attempt_id != publish.attempt_id
+                ):
+                    # We never called the producer for this attempt: that is a fact.
+                    self._deferred.append(
+                        (
+                            PublishOutcome(
+                                publish.attempt_id,
+                                publish.message_id,
+                                publish.generation,
+                                NotPublished("retriable", "send_gate_closed"),
+                            ),
+                            None,
+                        )
+                    )
+                    return
+                assert claim.prepared.descriptor_hash() == publish.descriptor_hash
+                self._pending_sends.append(_PendingSend(claim, publish))
+            case RevokeClaim() as revoke:
+                claim = self.claims.get(revoke.message_id)
+                if claim is not None and claim.generation == revoke.generation:
+                    self.claims.drop(revoke.message_id, revoke.claim_id)
+            case DeadLetter() as dead:
+                self._dead_letter(dead, tick)
+            case _:
+                pass
+
+    def _send_ready(self, tick: _Tick) -> None:
+        """Hand admitted attempts to the destination once the clock proves their action time
+        has come. An attempt admitted under one clock reading waits here if a later reading
+        is less certain: late, never early."""
+        interval = self.clock.interval()
+        ready: list[Send] = []
+        waiting: list[_PendingSend] = []
+        for pending in self._pending_sends:
+            if interval.earliest_ms >= pending.publish.action_at_ms:
+                ready.append(Send(pending.publish.attempt_id, pending.claim.prepared))
+            else:
+                waiting.append(pending)
+        self._pending_sends = waiting
+        if ready:
+            self.destination.submit(ready, self.clock.now_ms())
+
+    def _collect_results(self) -> list[Appendable]:
+        items: list[Appendable] = []
+        for res in self.destination.poll(0):
+            if res.attempt_id in self._dlq_inflight:
+                self._dlq_inflight.discard(res.attempt_id)
+                self.log.info(
+                    "dead_letter_written",
+                    attempt_id=res.attempt_id,
+                    result=type(res.result).__name__,
+                )
+                continue
+            items.append(
+                (PublishOutcome(res.attempt_id, res.message_id, res.generation, res.result), None)
+            )
+        return items
+
+    # Due discovery and claims -------------------------------------------------------------
+
+    def _discover(self, tick: _Tick) -> list[Appendable]:
+        proposals: list[Appendable] = []
+        if tick.interval.earliest_ms <= -(2**61):
+            return proposals  # no trusted time: nothing is due, nothing expires
+        with self.store.read() as view:
+            lanes = [
+                (tenant, queue)
+                for tenant, queue, head in view.lanes()
+                if parse_timeline_key(head)[0] <= tick.interval.earliest_ms
+            ]
+            self.drr.sync(lanes)
+            self.drr.run(
+                self.config.max_admissions_per_tick,
+                lambda lane, n: self._take(view, lane, n, tick, proposals),
+            )
+        return proposals
+
+    def _take(
+        self,
+        view: StoreView,
+        lane: tuple[str, str],
+        want: int,
+        tick: _Tick,
+        proposals: list[Appendable],
+    ) -> int:
+        tenant, queue = lane
+        gate = view.get(Table.LANES, str_key(lane_id(tenant, queue)))
+        open_gate = not (isinstance(gate, Lane) and gate.gate == "CLOSED")
+        ready = tick.now_ms >= self._lane_unready_until.get(lane, 0)
+        served = scanned = 0
+        for key in view.lane_keys(tenant, queue):
+            if served >= want or scanned >= self.config.lane_scan_limit:
+                break
+            scanned += 1
+            action_at_ms, mid, generation = parse_timeline_key(key)
+            if action_at_ms > tick.interval.earliest_ms:
+                break  # this and everything after it is not due yet
+            if mid in self.claims:
+                continue
+            work = view.get(Table.TIMELINE, key)
+            assert isinstance(work, TimelineWork)
+            decision = decide(tick.interval, action_at_ms, work.expire_at_ms)
+            if decision is Decision.EXPIRE:
+                proposals.append((Expire(mid, generation, work.version, tick.interval), None))
+                served += 1
+            elif decision is Decision.ADMIT and open_gate and ready:
+                message = view.get(Table.MESSAGES, str_key(mid))
+                assert isinstance(message, Message)
+                if message.generation != generation or message.version != work.version:
+                    continue  # the index and the row disagree only inside a stale view
+                if not self.claims.permits.available(lane, message.payload_size):
+                    break
+                proposal = self._claim(view, message, tick)
+                if proposal is not None:
+                    proposals.append((proposal, None))
+                    served += 1
+        return served
+
+    def _claim(self, view: StoreView, message: Message, tick: _Tick) -> Record | None:
+        if message.status is Status.UNCERTAIN:
+            evidence = self._evidence_for_open_attempts(view, message)
+            if evidence is not None:
+                return evidence  # found: record it instead of risking a duplicate
+        sequence = self.claims.next_sequence()
+        claim_id = f"{self.config.owner}:{sequence}"
+        if self.destination.capability != message.capability:
+            return ClaimResult(
+                message.message_id,
+                message.generation,
+                message.version,
+                claim_id,
+                "capability_mismatch",
+                f"destination offers {self.destination.capability}",
+            )
+        prepared = prepare(
+            message, view.payload(message.payload_digest), self.destination, self.config.owner
+        )
+        if isinstance(prepared, PrepareFailure):
+            self.log.warning(
+                "claim_failed",
+                message_id=message.message_id,
+                error=prepared.error_code,
+                detail=prepared.detail,
+            )
+            return ClaimResult(
+                message.message_id,
+                message.generation,
+                message.version,
+                claim_id,
+                prepared.error_code,
+                prepared.detail,
+            )
+        attempt_id = f"{attempt_prefix(message.message_id, message.generation)}{sequence}"
+        claim = Claim(
+            claim_id=claim_id,
+            claim_sequence=sequence,
+            message_id=message.message_id,
+            generation=message.generation,
+            version=message.version,
+            attempt_id=attempt_id,
+            tenant=message.tenant,
+            queue=message.queue,
+            owner=self.config.owner,
+            store_id=self.claims.store_id,
+            fencing_revision=self.claims.fencing_revision,
+            deadline_ms=tick.now_ms + self.config.claim_deadline_ms,
+            action_at_ms=message.action_at_ms,
+            size_bytes=prepared.size_bytes(),
+            prepared=prepared,
+        )
+        self.claims.add(claim)
+        return PublishAdmission(
+            message_id=message.message_id,
+            generation=message.generation,
+            version=message.version,
+            attempt_id=attempt_id,
+            claim_id=claim_id,
+            owner=self.config.owner,
+            descriptor_hash=prepared.descriptor_hash(),
+            capability=message.capability,
+            interval=tick.interval,
+            capacity=Capacity(True, lane_permits=1, bytes_reserved=claim.size_bytes),
+        )
+
+    def _evidence_for_open_attempts(self, view: StoreView, message: Message) -> Record | None:
+        topic = self.destination.topic_for(message.queue)
+        prefix = attempt_prefix(message.message_id, message.generation).encode()
+        for _key, value in view.range(Table.ATTEMPTS, prefix, prefix + b"\xff"):
+            assert isinstance(value, Attempt)
+            if value.status is AttemptStatus.UNKNOWN:
+                found = self.destination.find(value.attempt_id, topic, value.admitted_at_ms)
+                if found is not None:
+                    return PublishOutcome(
+                        value.attempt_id, value.message_id, value.generation, Published(found)
+                    )
+        return None
+
+    # Recovery -----------------------------------------------------------------------------
+
+    def _recover(self) -> list[Appendable]:
+        """After a restart no send gate of a PUBLISHING attempt survives: resolve each by
+        evidence, or record UNKNOWN. Never re-send blindly; never infer absence."""
+        items: list[Appendable] = []
+        with self.store.read() as view:
+            for key, ob in view.items(Table.OBLIGATIONS):
+                assert isinstance(ob, Obligation)
+                attempt = view.get(Table.ATTEMPTS, key)
+                assert isinstance(attempt, Attempt)
+                message = view.get(Table.MESSAGES, str_key(ob.message_id))
+                assert isinstance(message, Message)
+                found = self.destination.find(
+                    attempt.attempt_id,
+                    self.destination.topic_for(message.queue),
+                    ob.admitted_at_ms,
+                )
+                result: Published | Unknown
+                if found is not None:
+                    result = Published(found)
+                elif attempt.status is AttemptStatus.PUBLISHING:
+                    result = Unknown(
+                        "send_gate_lost", "the owner restarted before this attempt's outcome"
+                    )
+                else:
+                    continue
+                self.log.info(
+                    "recovered_attempt", attempt_id=attempt.attempt_id, result=type(result).__name__
+                )
+                items.append(
+                    (PublishOutcome(attempt.attempt_id, ob.message_id, ob.generation, result), None)
+                )
+        return items
+
+    def _reconcile(self) -> list[Appendable]:
+        """Look for positive evidence of UNKNOWN attempts."""
+        items: list[Appendable] = []
+        with self.store.read() as view:
+            for key, ob in view.items(Table.OBLIGATIONS):
+                assert isinstance(ob, Obligation)
+                attempt = view.get(Table.ATTEMPTS, key)
+                if not isinstance(attempt, Attempt) or attempt.status is not AttemptStatus.UNKNOWN:
+                    continue
+                message = view.get(Table.MESSAGES, str_key(ob.message_id))
+                assert isinstance(message, Message)
+                found = self.destination.find(
+                    attempt.attempt_id,
+                    self.destination.topic_for(message.queue),
+                    ob.admitted_at_ms,
+                )
+                if found is not None:
+                    items.append(
+                        (
+                            PublishOutcome(
+                                attempt.attempt_id, ob.message_id, ob.generation, Published(found)
+                            ),
+                            None,
+                        )
+                    )
+        return items
+
+    # Dead letters -------------------------------------------------------------------------
+
+    def _dead_letter(self, dead: DeadLetter, tick: _Tick) -> None:
+        with self.store.read() as view:
+            message = view.get(Table.MESSAGES, str_key(dead.message_id))
+            assert isinstance(message, Message)
+            payload = view.payload(message.payload_digest) or b""
+        topic = self.destination.topic_for(message.queue) + ".dlq"
+        prepared = PreparedPublish(
+            destination=self.destination.name,
+            topic=topic,
+            key=message.partition_key.encode() if message.partition_key is not None else None,
+            value=payload,
+            headers=(
+                ("nereus-message-id", message.message_id.encode()),
+                ("nereus-generation", str(message.generation).encode()),
+                ("nereus-txn", message.txn.encode()),
+                ("nereus-dlq-attempts-spent", str(dead.attempts_spent).encode()),
+                ("nereus-dlq-failures", str(dead.failures).encode()),
+                ("nereus-dlq-last-error", (dead.last_error or "").encode()),
+            ),
+            message_id=message.message_id,
+            generation=message.generation,
+            txn=message.txn,
+            deliver_at_ms=message.deliver_at_ms,
+            producer_sub=message.producer_sub,
+            encrypted=message.encrypted,
+        )
+        attempt_id = f"{attempt_prefix(message.message_id, message.generation)}dlq"
+        self._dlq_inflight.add(attempt_id)
+        self.destination.submit([Send(attempt_id, prepared)], tick.now_ms)
+        self.log.warning(
+            "dead_lettered", message_id=message.message_id, topic=topic, last_error=dead.last_error
+        )
+
+    # Reads --------------------------------------------------------------------------------
+
+    def _message(self, mid: str) -> Message | None:
+        with self.store.read() as view:
+            value = view.get(Table.MESSAGES, str_key(mid))
+        return value if isinstance(value, Message) else None
+
+    def is_claimed(self, message: Message) -> bool:
+        """In somebody's hands: claimed here, or admitted and not yet resolved."""
+        claim = self.claims.get(message.message_id)
+        if claim is not None and claim.generation == message.generation:
+            return True
+        return message.status is Status.PUBLISHING
+
+    # Housekeeping -------------------------------------------------------------------------
+
+    def _update_gauges(self, tick: _Tick) -> None:
+        m = self.metrics
+        m.set("nereus_claims_inflight", len(self.claims))
+        m.set("nereus_pending_sends", len(self._pending_sends))
+        c = self.store.meta.counters
+        m.set("nereus_messages", c.scheduled, {"status": "scheduled"})
+        m.set("nereus_messages", c.publishing, {"status": "publishing"})
+        m.set("nereus_messages", c.uncertain, {"status": "uncertain"})
+        m.set("nereus_open_obligations", c.attempts_publishing + c.attempts_unknown)
+        m.set("nereus_applied_position", self.store.meta.position)
+        width = tick.interval.width_ms
+        m.set("nereus_clock_error_bound_seconds", width / 2000 if width < 2**61 else -1)
+
+    def _next_sleep_s(self, tick: _Tick) -> float:
+        if self._intake or self._deferred or self._pending_sends:
+            return 0.0 if not self._pending_sends else 0.001
+        max_s = self.config.idle_sleep_max_ms / 1000
+        if tick.interval.earliest_ms <= -(2**61):
+            return max_s
+        with self.store.read() as view:
+            head = view.first_timeline_key()
+        if head is None:
+            return max_s
+        due_ms = parse_timeline_key(head)[0]
+        wait_ms = due_ms - tick.interval.earliest_ms
+        return min(max(wait_ms, 0) / 1000, max_s)
+
+
+def _describe_metrics(m: Metrics) -> None:
+    m.describe(
+        "nereus_entries_total",
+        "counter",
+        "Shard log entries applied, by record type and outcome code.",
+    )
+    m.describe("nereus_outcomes_total", "counter", "Publish outcomes recorded, by class.")
+    m.describe("nereus_admissions_total", "counter", "Publish Admissions applied, won or stale.")
+    m.describe(
+        "nereus_fire_lag_seconds", "histogram", "deliveredAt minus deliverAt of published attempts."
+    )
+    m.describe(
+        "nereus_early_deliveries_total", "counter", "Deliveries before deliverAt (must stay 0)."
+    )
+    m.describe("nereus_claims_inflight", "gauge", "Local claims held.")
+    m.describe("nereus_pending_sends", "gauge", "Admitted attempts waiting for their send.")
+    m.describe("nereus_messages", "gauge", "Messages by status.")
+    m.describe("nereus_open_obligations", "gauge", "Attempts PUBLISHING or UNKNOWN.")
+    m.describe("nereus_applied_position", "gauge", "appliedShardLogPosition.")
+    m.describe(
+        "nereus_clock_error_bound_seconds",
+        "gauge",
+        "Half-width of the trusted interval; -1 when unbounded.",
+    )
+    m.describe("nereus_http_requests_total", "counter", "HTTP requests by route and status.")
