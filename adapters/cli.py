@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from adapters import demo, servecmd, storecmd
+from adapters import clientcmd, demo, servecmd, storecmd
 from replay import cli as replay_cli
 
 
@@ -17,6 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay_cli.register(sub)
     storecmd.register(sub)
     servecmd.register(sub)
+    clientcmd.register(sub)
     args = parser.parse_args(argv)
     handler = args.handler
     result: int = handler(args)
