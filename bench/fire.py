@@ -162,16 +162,17 @@ def main(argv: list[str] | None = None) -> int:
             "throughput": throughput(root, args.timers),
             "lateness": [lateness(root, int(r), args.seconds) for r in args.rates.split(",")],
         }
-    tp = result["throughput"]
+    tp: dict[str, Any] = result["throughput"]
     print(
         f"fired/s {tp['fired_per_s']:,}  raw local append/s {tp['raw_append_per_s']:,}  "
         f"ratio {tp['fired_vs_raw']:.3f}  early {tp['early']}"
     )
     for lat in result["lateness"]:
         print(
-            f"steady {lat['rate_per_s']:>5}/s: delivered {lat['delivered']:,}/{lat['scheduled']:,}  "
-            f"lag p50 {lat['lag_p50_ms']} ms  p99 {lat['lag_p99_ms']} ms  max {lat['lag_max_ms']} ms  "
-            f"early {lat['early']}"
+            f"steady {lat['rate_per_s']:>5}/s: "
+            f"delivered {lat['delivered']:,}/{lat['scheduled']:,}  "
+            f"lag p50 {lat['lag_p50_ms']} ms  p99 {lat['lag_p99_ms']} ms  "
+            f"max {lat['lag_max_ms']} ms  early {lat['early']}"
         )
     if args.json:
         with open(args.json, "w") as f:
