@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write results to this file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nereus-bench-") as root:
-        result: dict[str, object] = {
+        result: dict[str, Any] = {
             "throughput": throughput(root, args.timers),
             "lateness": [lateness(root, int(r), args.seconds) for r in args.rates.split(",")],
         }
