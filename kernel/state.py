@@ -14,7 +14,6 @@ from collections.abc import Iterator, Mapping
 from typing import Final, Protocol, TypeVar, final
 
 import msgspec
-from pyrsistent import PMap, pmap
 
 from kernel.config import KernelConfig
 from kernel.model import (
@@ -28,6 +27,7 @@ from kernel.model import (
     TimelineWork,
     Value,
 )
+from kernel.overlay import Overlay as PersistentOverlay
 
 
 class StateBase(Protocol):
@@ -75,8 +75,7 @@ class _Deleted:
 DELETED: Final = _Deleted()
 
 OverlayValue = Value | _Deleted
-Overlay = PMap[tuple[Table, bytes], OverlayValue]
-_EMPTY_OVERLAY: Overlay = pmap()
+Overlay = PersistentOverlay[tuple[Table, bytes], OverlayValue]
 
 V = TypeVar("V", bound=Value)
 
@@ -87,7 +86,7 @@ class State(msgspec.Struct, frozen=True):
     config: KernelConfig
     meta: ShardMeta
     base: StateBase = EMPTY_BASE
-    overlay: Overlay = _EMPTY_OVERLAY
+    overlay: Overlay = msgspec.field(default_factory=PersistentOverlay)
 
     @classmethod
     def initial(cls, config: KernelConfig | None = None) -> State:
@@ -156,4 +155,4 @@ class State(msgspec.Struct, frozen=True):
 
     def rebase(self, base: StateBase) -> State:
         """A State over `base`, which must already contain `changes()`."""
-        return State(self.config, self.meta, base, _EMPTY_OVERLAY)
+        return State(self.config, self.meta, base, PersistentOverlay())
