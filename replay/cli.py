@@ -80,7 +80,10 @@ def _run(args: argparse.Namespace) -> int:
 
     options = StoreOptions(check_invariants_on_open=False)
     with ShardStore.open(args.data, options=options, create=False) as store:
-        target = store.meta.position if args.verify else (args.to or store.log_last_position)
+        if args.verify:
+            target = store.meta.position
+        else:
+            target = store.log_last_position if args.to is None else args.to
         if args.verify and args.to is not None:
             print(
                 "nereus replay: --verify compares at the applied position; drop --to",

@@ -44,6 +44,20 @@ class Env:
         self.env.close()
 
 
+def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) -> None:
+    """Look, without writing, at what the environment's main database holds: only our
+    sub-database names may be there. Anything else is another program's data; and with
+    create=False an environment without our meta database is not a store to open."""
+    with env.begin() as txn, txn.cursor() as cursor:
+        present = set(cursor.iternext(values=False))
+    foreign = sorted(present - ours)
+    if foreign:
+        shown = ", ".join(repr(k) for k in foreign[:3])
+        raise StoreError(data_file, f"another program's LMDB environment (it holds {shown})")
+    if not create and META_DB not in present:
+        raise StoreError(data_file, "no Nereus store here")
+
+
 def open_env(path: str, *, map_size_bytes: int, sync: bool, create: bool) -> Env:
     data_file = os.path.join(path, "data.mdb")
     if not os.path.isdir(path):
@@ -53,20 +67,29 @@ def open_env(path: str, *, map_size_bytes: int, sync: bool, create: bool) -> Env
     elif not create and not os.path.exists(data_file):
         raise StoreError(data_file, "no store here (data file missing)")
     check_data_file(data_file)
+    names = [t.value.encode() for t in TABLES] + list(EXTRA_DBS)
     try:
         env = lmdb.open(
             path,
             map_size=map_size_bytes,
-            max_dbs=len(TABLES) + len(EXTRA_DBS) + 2,
+            max_dbs=len(names) + 2,
             sync=sync,
             metasync=sync,
             readahead=False,
             create=create,
         )
+    except lmdb.Error as exc:
+        raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc
+    try:
+        _refuse_foreign(env, data_file, set(names), create)
         tables = {t: env.open_db(t.value.encode()) for t in TABLES}
         extra = {name: env.open_db(name) for name in EXTRA_DBS}
     except lmdb.Error as exc:
+        env.close()
         raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc
+    except StoreError:
+        env.close()
+        raise
     return Env(
         path=path,
         env=env,

@@ -58,6 +58,7 @@ from storage.schema import (
 )
 
 Applied = tuple[LogEntry, tuple[Effect, ...]]
+MAX_KEY_BYTES = 511  # LMDB's default compile-time key size limit
 Appendable = tuple[Record, bytes | None]
 
 
@@ -82,12 +83,14 @@ class ShardStore:
         cls,
         path: str,
         *,
-        shard_id: str = "0",
+        shard_id: str | None = None,
         config: KernelConfig | None = None,
         options: StoreOptions | None = None,
         create: bool = True,
         created_at_ms: int = 0,
     ) -> ShardStore:
+        """`shard_id` None accepts whichever shard the store belongs to (audit tools); a
+        new store without one is shard "0"."""
         options = options or StoreOptions()
         env = open_env(
             path, map_size_bytes=options.map_size_bytes, sync=options.sync, create=create
@@ -111,7 +114,7 @@ class ShardStore:
         cls,
         env: Env,
         *,
-        shard_id: str,
+        shard_id: str | None,
         config: KernelConfig | None,
         options: StoreOptions,
         create: bool,
@@ -131,7 +134,7 @@ class ShardStore:
                 header = StoreHeader(
                     schema_version=SCHEMA_VERSION,
                     store_id=uuid.uuid4().hex,
-                    shard_id=shard_id,
+                    shard_id=shard_id or "0",
                     config_fingerprint=config.fingerprint(),
                     created_at_ms=created_at_ms,
                     config=config,
@@ -142,8 +145,14 @@ class ShardStore:
             else:
                 header = check_schema(raw, data_file)
                 config = config or header.config
+        if 3 * config.max_identity_bytes + 2 + 32 > MAX_KEY_BYTES:
+            raise StoreError(
+                data_file,
+                f"max_identity_bytes={config.max_identity_bytes} would build table keys longer "
+                f"than LMDB's {MAX_KEY_BYTES}-byte limit",
+            )
         store = cls(env, header, config, options)
-        if header.shard_id != shard_id:
+        if shard_id is not None and header.shard_id != shard_id:
             raise StoreError(
                 data_file,
                 f"foreign store: it belongs to shard {header.shard_id!r}, not {shard_id!r}",
@@ -184,6 +193,10 @@ class ShardStore:
                     self.log_last_persisted_at_ms = entry.persisted_at_ms
                 else:
                     self.log_last_position = self.log_info.floor - 1
+        # The clamp must survive a log compacted down to nothing.
+        self.log_last_persisted_at_ms = max(
+            self.log_last_persisted_at_ms, self.meta.last_persisted_at_ms
+        )
         applied = self.meta.position
         if applied > self.log_last_position:
             raise StoreError(
@@ -225,11 +238,13 @@ class ShardStore:
         """The embedded group commit: append `items` and fold everything not yet applied
         (them included) in ONE write transaction and one sync. `also` may write runtime rows
         (claims) into the same transaction. Effects are returned only after the commit."""
+        while self.log_last_position - self.meta.position > self.options.max_batch_entries:
+            self.apply_pending()  # an old unapplied tail: fold it in bounded batches first
         env = self._env
         with env.env.begin(write=True) as txn:
             entries = self._append_in(txn, items, now_ms)
             pending = list(self._iter_log_in(txn, self.meta.position + 1, None))
-            results, meta = self._apply_in(txn, pending)
+            results, meta, _ = self._apply_in(txn, pending)
             if also is not None:
                 also(txn)
         self._appended(entries)
@@ -307,7 +322,9 @@ class ShardStore:
     def apply_pending(self, max_entries: int | None = None) -> list[Applied]:
         """Fold the next unapplied log entries (at most the batch bound) in one durable
         write transaction; returns each entry with its effects once committed."""
-        limit = max_entries or self.options.max_batch_entries
+        limit = self.options.max_batch_entries
+        if max_entries is not None:
+            limit = min(limit, max_entries)
         start = self.meta.position + 1
         entries = list(self.iter_log(start, start + limit - 1))
         if not entries:
@@ -320,25 +337,47 @@ class ShardStore:
         always covers the applied position."""
         env = self._env
         with env.env.begin(write=True) as txn:
-            for entry in entries:
-                if entry.position > self.log_last_position:
-                    txn.put(position_key(entry.position), encode_entry(entry), db=env.log)
-            results, meta = self._apply_in(txn, entries)
-        self._appended(entries)
+            results, meta, logged = self._apply_in(txn, entries, mirror=True)
+        self._appended(logged)
         self.meta = meta
         return results
 
-    def _apply_in(self, txn: Any, entries: Sequence[LogEntry]) -> tuple[list[Applied], ShardMeta]:
+    def _apply_in(
+        self, txn: Any, entries: Sequence[LogEntry], *, mirror: bool = False
+    ) -> tuple[list[Applied], ShardMeta, list[LogEntry]]:
+        """Fold entries into the transaction. With `mirror`, entries that extend the local
+        log densely are written to it, and an entry that would fold something other than what
+        the log holds at a not-yet-applied position is refused. Misplaced entries (duplicates
+        of applied positions, gaps) are not logged: the reducer rejects them without
+        consuming a position, and so must the log."""
         env = self._env
         results: list[Applied] = []
+        logged: list[LogEntry] = []
+        log_end = self.log_last_position
         state = State(self.config, self.meta, LmdbBase(txn, env.tables, env.data_file))
         for entry in entries:
+            if mirror:
+                if entry.position == log_end + 1:
+                    txn.put(position_key(entry.position), encode_entry(entry), db=env.log)
+                    logged.append(entry)
+                    log_end += 1
+                elif state.meta.position < entry.position <= log_end:
+                    self._check_matches_log(txn, entry)
             state, effects = reduce(state, entry)
             results.append((entry, effects))
         released = self._write_changes(txn, state)
         self._collect_payloads(txn, released, entries, state.meta.position)
         txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)
-        return results, state.meta
+        return results, state.meta, logged
+
+    def _check_matches_log(self, txn: Any, entry: LogEntry) -> None:
+        stored = txn.get(position_key(entry.position), db=self._env.log)
+        if stored is not None and stored != encode_entry(entry):
+            raise StoreError(
+                self._env.data_file,
+                "an entry differs from the one the shard log holds at its position",
+                f"shard log position {entry.position}",
+            )
 
     def _write_changes(self, txn: Any, state: State) -> set[bytes]:
         """Writes the overlay; returns the payload digests whose reference row was deleted."""

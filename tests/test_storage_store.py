@@ -1,0 +1,514 @@
+"""The LMDB shard store: the embedded log, durable write batches and payload bytes.
+
+Every test runs against a real LMDB environment in a pytest tmp_path. Where a test found a
+storage bug it stays, asserting the correct behaviour, marked xfail(strict=True).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernel as k
+from kernel.codes import POSITION_CODES
+from kernel.effects import EntryOutcome, Publish
+from kernel.keys import timeline_key
+from kernel.model import AttemptStatus, Table, TimelineWork
+from kernel.state import State
+from replay.fold import replay
+from storage.base import LmdbBase
+from storage.codec import decode_struct
+from storage.errors import StoreError
+from storage.schema import SHARD_META_KEY, StoreOptions
+from storage.snapshot import compact_log, write_snapshot
+from storage.store import Appendable, Applied, ShardStore
+from tests import strategies
+from tests.builders import DIGEST, OTHER_DIGEST, T0_MS, interval_at, mid, published, schedule
+from tests.crash_worker import CONFIG, Workload, store_problems
+
+ROOT = Path(__file__).resolve().parent.parent
+PAYLOAD = b"payload"
+OTHER_PAYLOAD = b"other payload"
+BYTES_BY_DIGEST = {DIGEST: PAYLOAD, OTHER_DIGEST: OTHER_PAYLOAD}
+assert hashlib.sha256(PAYLOAD).hexdigest() == DIGEST
+assert hashlib.sha256(OTHER_PAYLOAD).hexdigest() == OTHER_DIGEST
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ShardStore]:
+    with ShardStore.open(str(tmp_path / "shard")) as opened:
+        yield opened
+
+
+def live_digest(store: ShardStore) -> str:
+    with store.state_view() as state:
+        return k.state_digest(state)
+
+
+def replay_digest(store: ShardStore) -> str:
+    _, result = replay(store.iter_log(1, store.meta.position), store.config)
+    assert result.position == store.meta.position
+    return result.digest
+
+
+def outcome_of(applied: Applied) -> EntryOutcome:
+    first = applied[1][0]
+    assert isinstance(first, EntryOutcome)
+    return first
+
+
+def codes(results: list[Applied]) -> list[k.Code]:
+    return [outcome_of(result).code for result in results]
+
+
+def admission_for(store: ShardStore, key: str, now_ms: int, seq: int = 1) -> k.PublishAdmission:
+    with store.read() as base:
+        message = base.get(Table.MESSAGES, mid(key).encode())
+    assert isinstance(message, k.Message)
+    return k.PublishAdmission(
+        message_id=message.message_id,
+        generation=message.generation,
+        version=message.version,
+        attempt_id=f"{k.attempt_prefix(message.message_id, message.generation)}{seq}",
+        claim_id=f"claim-{seq}",
+        owner="node-a",
+        descriptor_hash="d" * 16,
+        capability=message.capability,
+        interval=interval_at(now_ms),
+        capacity=k.Capacity(True),
+    )
+
+
+# The embedded log --------------------------------------------------------------------------
+
+
+def test_append_stamps_dense_positions_and_clamps_a_clock_that_goes_back(
+    store: ShardStore,
+) -> None:
+    first = store.append([(schedule("a"), PAYLOAD), (schedule("b"), PAYLOAD)], T0_MS + 100)
+    back = store.append([(k.Cancel("acme", "reminders", "a"), None)], T0_MS + 40)
+    later = store.append([(k.Cancel("acme", "reminders", "b"), None)], T0_MS + 200)
+    entries = [*first, *back, *later]
+    assert [e.position for e in entries] == [1, 2, 3, 4]
+    assert [e.persisted_at_ms - T0_MS for e in entries] == [100, 100, 100, 200]
+    assert list(store.iter_log()) == entries
+    assert list(store.iter_log(2, 3)) == entries[1:3]
+    assert store.log_last_position == 4
+    assert store.meta.position == 0, "appending folds nothing"
+
+
+def test_positions_and_the_clamp_survive_close_and_reopen(tmp_path: Path) -> None:
+    path = str(tmp_path / "shard")
+    with ShardStore.open(path) as store:
+        store.append([(schedule("a"), PAYLOAD)], T0_MS + 500)
+        store.apply_pending()
+        store.append([(k.Cancel("acme", "reminders", "zz"), None)], T0_MS + 900)
+    with ShardStore.open(path) as store:
+        assert (store.meta.position, store.log_last_position) == (1, 2)
+        assert store.log_last_persisted_at_ms == T0_MS + 900
+        [entry] = store.append([(schedule("b"), PAYLOAD)], T0_MS)
+        assert (entry.position, entry.persisted_at_ms) == (3, T0_MS + 900)
+        assert codes(store.apply_pending()) == [k.Code.ABSENT, k.Code.SCHEDULED]
+        times = [e.persisted_at_ms for e in store.iter_log()]
+        assert times == sorted(times)
+
+
+def test_the_clamp_survives_a_reopen_after_the_whole_log_was_compacted(tmp_path: Path) -> None:
+    path = str(tmp_path / "shard")
+    with ShardStore.open(path) as store:
+        store.append([(schedule("a"), PAYLOAD)], T0_MS + 5_000)
+        store.apply_pending()
+        write_snapshot(store)
+        assert compact_log(store, 2) == 1
+    with ShardStore.open(path) as store:
+        [entry] = store.append([(schedule("b"), PAYLOAD)], T0_MS)
+        assert entry.persisted_at_ms >= T0_MS + 5_000
+        assert codes(store.apply_pending()) == [k.Code.SCHEDULED]
+
+
+# Durable write batches ---------------------------------------------------------------------
+
+
+def test_apply_pending_folds_in_batches_bounded_by_the_options(tmp_path: Path) -> None:
+    options = StoreOptions(max_batch_entries=3)
+    with ShardStore.open(str(tmp_path / "shard"), options=options) as store:
+        store.append([(schedule(f"k{i}"), PAYLOAD) for i in range(10)], T0_MS)
+        sizes = []
+        while batch := store.apply_pending():
+            sizes.append(len(batch))
+            assert [e.position for e, _ in batch] == list(
+                range(store.meta.position - len(batch) + 1, store.meta.position + 1)
+            )
+        assert sizes == [3, 3, 3, 1]
+        assert store.meta.position == 10
+        assert store.apply_pending(2) == []
+        store.append([(schedule(f"x{i}"), PAYLOAD) for i in range(4)], T0_MS)
+        assert len(store.apply_pending(2)) == 2, "a smaller explicit bound is honoured"
+
+
+def test_apply_pending_never_exceeds_the_configured_bound(tmp_path: Path) -> None:
+    options = StoreOptions(max_batch_entries=3)
+    with ShardStore.open(str(tmp_path / "shard"), options=options) as store:
+        store.append([(schedule(f"k{i}"), PAYLOAD) for i in range(10)], T0_MS)
+        assert len(store.apply_pending(8)) == 3
+
+
+_SECOND_HANDLE = """
+import sys
+from kernel.model import Table
+from storage.base import LmdbBase
+from storage.codec import decode_struct
+from storage.schema import SHARD_META_KEY, StoreOptions
+from storage.store import ShardStore
+with ShardStore.open(sys.argv[1], create=False) as store, store.read() as base:
+    attempt = base.get(Table.ATTEMPTS, sys.argv[2].encode())
+    print(store.meta.position, attempt.status if attempt else None)
+"""
+
+
+def test_effects_are_returned_only_after_the_batch_is_committed(tmp_path: Path) -> None:
+    path = str(tmp_path / "shard")
+    with ShardStore.open(path) as store:
+        store.append([(schedule("a", delay_ms=0), PAYLOAD)], T0_MS)
+        store.apply_pending()
+        admission = admission_for(store, "a", T0_MS + 10)
+        store.append([(admission, None)], T0_MS + 10)
+        [(entry, effects)] = store.apply_pending()
+        publishes = [e for e in effects if isinstance(e, Publish)]
+        assert [p.attempt_id for p in publishes] == [admission.attempt_id]
+        # A separate read transaction sees the attempt PUBLISHING and the position...
+        env = store.env
+        with env.env.begin() as txn:
+            base = LmdbBase(txn, env.tables, env.data_file)
+            attempt = base.get(Table.ATTEMPTS, admission.attempt_id.encode())
+            assert isinstance(attempt, k.Attempt)
+            assert attempt.status is AttemptStatus.PUBLISHING
+            raw_meta = txn.get(SHARD_META_KEY, db=env.meta)
+            meta = decode_struct(k.ShardMeta, raw_meta, env.data_file, "shard meta")
+            assert meta.position == entry.position
+        # ...and so does a second handle in another process, which can only see what is
+        # committed to the file.
+        seen = subprocess.run(
+            [sys.executable, "-c", _SECOND_HANDLE, path, admission.attempt_id],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert seen.stdout.split() == [str(entry.position), "PUBLISHING"]
+
+
+def test_a_reducer_exception_aborts_the_whole_batch(
+    store: ShardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.append([(schedule("a"), PAYLOAD)], T0_MS)
+    store.apply_pending()
+    before = live_digest(store)
+    meta_before = store.meta
+    store.append(
+        [(schedule(f"k{i}", digest=OTHER_DIGEST, size=13), OTHER_PAYLOAD) for i in range(5)], T0_MS
+    )
+    calls = 0
+    real_reduce = k.reduce
+
+    def failing_reduce(state: State, entry: k.LogEntry) -> tuple[State, tuple[k.Effect, ...]]:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise k.InvariantViolation([])
+        return real_reduce(state, entry)
+
+    monkeypatch.setattr("storage.store.reduce", failing_reduce)
+    with pytest.raises(k.InvariantViolation):
+        store.apply_pending()
+    assert calls == 3, "the first two entries were folded before the failure"
+    assert store.meta == meta_before
+    assert live_digest(store) == before
+    with store.state_view() as state:
+        assert state.meta.position == 1
+        assert state.message(mid("k0").encode()) is None
+        assert state.payload(OTHER_DIGEST.encode()) is None
+    # Entries that were not in the local log yet are not written to it either.
+    extra = k.LogEntry(7, T0_MS, schedule("late"))
+    calls = 0
+    with pytest.raises(k.InvariantViolation):
+        store.apply([*store.iter_log(2), extra])
+    assert store.log_last_position == 6
+    assert [e.position for e in store.iter_log()] == [1, 2, 3, 4, 5, 6]
+    monkeypatch.undo()
+    assert codes(store.apply_pending()) == [k.Code.SCHEDULED] * 5
+    assert live_digest(store) == replay_digest(store)
+
+
+def test_commit_appends_and_folds_everything_pending_in_one_transaction(
+    store: ShardStore,
+) -> None:
+    store.append([(schedule("a"), PAYLOAD), (schedule("b"), PAYLOAD)], T0_MS)
+
+    def claim(txn: object) -> None:
+        txn.put(b"claim-a", b"held", db=store.env.claims)  # type: ignore[attr-defined]
+
+    entries, results = store.commit([(k.Cancel("acme", "reminders", "a"), None)], T0_MS + 5, claim)
+    assert [e.position for e in entries] == [3]
+    assert codes(results) == [k.Code.SCHEDULED, k.Code.SCHEDULED, k.Code.CANCELED]
+    assert (store.meta.position, store.log_last_position) == (3, 3)
+    with store.env.env.begin() as txn:
+        assert txn.get(b"claim-a", db=store.env.claims) == b"held"
+    assert live_digest(store) == replay_digest(store)
+    assert store_problems(store) == []
+
+
+def test_a_failed_commit_writes_nothing_at_all(
+    store: ShardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.append([(schedule("a"), PAYLOAD)], T0_MS)
+    store.apply_pending()
+    digest = live_digest(store)
+
+    def claim(txn: object) -> None:
+        txn.put(b"claim-b", b"held", db=store.env.claims)  # type: ignore[attr-defined]
+
+    def broken_reduce(state: State, entry: k.LogEntry) -> tuple[State, tuple[k.Effect, ...]]:
+        raise k.InvariantViolation([])
+
+    monkeypatch.setattr("storage.store.reduce", broken_reduce)
+    with pytest.raises(k.InvariantViolation):
+        store.commit([(schedule("b", digest=OTHER_DIGEST, size=13), OTHER_PAYLOAD)], T0_MS, claim)
+    assert (store.meta.position, store.log_last_position) == (1, 1)
+    assert [e.position for e in store.iter_log()] == [1]
+    assert store.payload(OTHER_DIGEST) is None
+    with store.env.env.begin() as txn:
+        assert txn.get(b"claim-b", db=store.env.claims) is None
+    assert live_digest(store) == digest
+    monkeypatch.undo()
+    entries, results = store.commit([(schedule("b"), PAYLOAD)], T0_MS)
+    assert [e.position for e in entries] == [2]
+    assert codes(results) == [k.Code.SCHEDULED]
+
+
+def test_apply_of_a_misplaced_entry_leaves_the_log_dense(store: ShardStore) -> None:
+    e1 = k.LogEntry(1, T0_MS, schedule("a"))
+    e2 = k.LogEntry(2, T0_MS, schedule("b"))
+    gap = k.LogEntry(3, T0_MS, k.ShardState("FROZEN"))
+    assert codes(store.apply([e1])) == [k.Code.SCHEDULED]
+    assert codes(store.apply([gap])) == [k.Code.POSITION_GAP]
+    assert codes(store.apply([e2])) == [k.Code.SCHEDULED]
+    assert list(store.iter_log()) == [e1, e2]
+    assert live_digest(store) == replay_digest(store)
+
+
+LONGEST = k.KernelConfig().max_identity_bytes
+
+
+@pytest.mark.parametrize(
+    ("record", "code"),
+    [
+        (k.LaneGate("t" * LONGEST, "q" * LONGEST, "CLOSED"), k.Code.GATE_CHANGED),
+        (schedule("k" * LONGEST, tenant="t" * LONGEST, queue="q" * LONGEST), k.Code.SCHEDULED),
+        (k.LaneGate("t" * (LONGEST + 1), "q", "CLOSED"), k.Code.INVALID_IDENTITY),
+        (schedule("a", tenant="t" * 600), k.Code.INVALID_IDENTITY),
+    ],
+    ids=["longest_lane_gate", "longest_schedule", "lane_gate_too_long", "tenant_too_long"],
+)
+def test_every_kernel_valid_identity_fits_the_storage_keys(
+    store: ShardStore, record: k.Record, code: k.Code
+) -> None:
+    """The kernel's identity limit keeps every LMDB key within 511 bytes, so a valid log entry
+    can never wedge the shard; a too-long identity is a rejected entry, not an exception."""
+    store.append([(record, _payload_for(record))], T0_MS)
+    assert codes(store.apply_pending()) == [code]
+
+
+def test_a_config_whose_identities_cannot_fit_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="511-byte"):
+        ShardStore.open(str(tmp_path / "s"), config=k.KernelConfig(max_identity_bytes=200))
+
+
+def test_a_schedule_far_in_the_past_gets_an_outcome(store: ShardStore) -> None:
+    store.append([(schedule("a", deliver_at_ms=-(2**63)), PAYLOAD)], T0_MS)
+    # Whatever the verdict, it must be an outcome: an exception would wedge the shard.
+    [result] = store.apply_pending()
+    assert outcome_of(result).position == 1
+    assert store.meta.position == 1
+
+
+def test_the_timeline_range_scan_yields_due_work_in_order(store: ShardStore) -> None:
+    delays = [5_000, 0, 2_000, 1_000, 3_000]
+    store.append([(schedule(f"k{i}", delay_ms=d), PAYLOAD) for i, d in enumerate(delays)], T0_MS)
+    store.apply_pending()
+    start = timeline_key(k.UNBOUNDED.earliest_ms, "00" * 16, 0)
+    with store.read() as base:
+        everything = list(base.range(Table.TIMELINE, start))
+        due = list(base.range(Table.TIMELINE, start, timeline_key(T0_MS + 2_001, "00" * 16, 0)))
+    assert [w.deliver_at_ms - T0_MS for _, w in everything if isinstance(w, TimelineWork)] == [
+        0,
+        1_000,
+        2_000,
+        3_000,
+        5_000,
+    ]
+    assert [w.deliver_at_ms - T0_MS for _, w in due if isinstance(w, TimelineWork)] == [
+        0,
+        1_000,
+        2_000,
+    ]
+
+
+# Payload bytes -----------------------------------------------------------------------------
+
+
+def test_payload_bytes_are_stored_by_digest(store: ShardStore) -> None:
+    store.append([(schedule("a"), PAYLOAD)], T0_MS)
+    assert store.payload(DIGEST) == PAYLOAD
+    assert store.payload(OTHER_DIGEST) is None
+
+
+@pytest.mark.parametrize(
+    ("item", "problem"),
+    [
+        ((schedule("a"), b"not the payload"), "digest"),
+        ((schedule("a", size=8), PAYLOAD), "size"),
+        ((k.Cancel("acme", "reminders", "a"), PAYLOAD), "no payload"),
+    ],
+    ids=["digest_mismatch", "size_mismatch", "bytes_on_a_cancel"],
+)
+def test_bad_payload_bytes_refuse_the_whole_append(
+    store: ShardStore, item: Appendable, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        store.append([(schedule("ok", digest=OTHER_DIGEST, size=13), OTHER_PAYLOAD), item], T0_MS)
+    assert store.log_last_position == 0
+    assert list(store.iter_log()) == []
+    assert store.payload(OTHER_DIGEST) is None, "the good record of the batch is not kept"
+    assert store.payload(DIGEST) is None
+
+
+def test_schedule_then_cancel_drops_the_bytes(store: ShardStore) -> None:
+    store.append([(schedule("a"), PAYLOAD)], T0_MS)
+    store.apply_pending()
+    assert store.payload(DIGEST) == PAYLOAD
+    store.append([(k.Cancel("acme", "reminders", "a"), None)], T0_MS)
+    assert codes(store.apply_pending()) == [k.Code.CANCELED]
+    assert store.payload(DIGEST) is None
+    assert store_problems(store) == []
+
+
+def test_shared_bytes_are_kept_until_both_holders_finish(store: ShardStore) -> None:
+    store.append([(schedule("a", delay_ms=0), PAYLOAD), (schedule("b"), PAYLOAD)], T0_MS)
+    store.apply_pending()
+    store.append([(k.Cancel("acme", "reminders", "b"), None)], T0_MS)
+    store.apply_pending()
+    assert store.payload(DIGEST) == PAYLOAD, "a still holds it"
+    admission = admission_for(store, "a", T0_MS + 10)
+    store.append([(admission, None)], T0_MS + 10)
+    store.apply_pending()
+    assert store.payload(DIGEST) == PAYLOAD, "a publishing message still needs its bytes"
+    outcome = k.PublishOutcome(admission.attempt_id, mid("a"), 1, published())
+    store.append([(outcome, None)], T0_MS + 20)
+    assert codes(store.apply_pending()) == [k.Code.OUTCOME_RECORDED]
+    assert store.payload(DIGEST) is None
+    assert store_problems(store) == []
+
+
+def test_bytes_named_by_an_unfolded_schedule_survive_their_last_release(
+    store: ShardStore,
+) -> None:
+    store.append([(schedule("a"), PAYLOAD)], T0_MS)
+    store.apply_pending()
+    # b shares a's payload and does not resend bytes the store already holds.
+    store.append([(k.Cancel("acme", "reminders", "a"), None), (schedule("b"), None)], T0_MS)
+    assert codes(store.apply_pending(1)) == [k.Code.CANCELED]
+    assert store.payload(DIGEST) == PAYLOAD, "position 3 still names these bytes"
+    assert codes(store.apply_pending()) == [k.Code.SCHEDULED]
+    assert store.payload(DIGEST) == PAYLOAD
+    assert store_problems(store) == []
+
+
+def test_bytes_of_a_rejected_or_superseded_schedule_are_dropped(store: ShardStore) -> None:
+    store.append([(schedule("a", delay_ms=-1), PAYLOAD)], T0_MS)
+    assert codes(store.apply_pending()) == [k.Code.INVALID_TIMING]
+    assert store.payload(DIGEST) is None
+    store.append([(schedule("b"), PAYLOAD)], T0_MS)
+    store.append([(schedule("b", txn="t2", digest=OTHER_DIGEST, size=13), OTHER_PAYLOAD)], T0_MS)
+    assert codes(store.apply_pending()) == [k.Code.SCHEDULED, k.Code.RESCHEDULED]
+    assert store.payload(DIGEST) is None, "the superseded generation released it"
+    assert store.payload(OTHER_DIGEST) == OTHER_PAYLOAD
+    assert store_problems(store) == []
+
+
+# Live state equals replay ------------------------------------------------------------------
+
+
+def _payload_for(record: k.Record) -> bytes | None:
+    if not isinstance(record, k.Schedule):
+        return None
+    data = BYTES_BY_DIGEST.get(record.payload_digest)
+    return data if data is not None and len(data) == record.payload_size else None
+
+
+@given(
+    actions=strategies.action_lists(),
+    apply_every=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    bound=st.sampled_from((1, 2, 5, 1_000)),
+)
+@settings(
+    max_examples=strategies.max_examples(25),
+    deadline=None,
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.data_too_large),
+)
+def test_live_digest_equals_replay_at_every_checkpoint_of_a_generated_workload(
+    tmp_path_factory: pytest.TempPathFactory,
+    actions: list[strategies.Action],
+    apply_every: list[int],
+    bound: int,
+) -> None:
+    driver = strategies.drive(actions, check_invariants=False)
+    steps = [s for s in driver.steps if s.outcome.code not in POSITION_CODES]
+    path = str(tmp_path_factory.mktemp("live") / "shard")
+    options = StoreOptions(max_batch_entries=bound)
+    with ShardStore.open(path, config=strategies.CONFIG, options=options) as store:
+        pending_checks = 0
+        cadence = iter(apply_every * (len(steps) + 1))
+        due = next(cadence)
+        for step in steps:
+            record = step.entry.record
+            store.append([(record, _payload_for(record))], step.entry.persisted_at_ms)
+            pending_checks += 1
+            if pending_checks >= due:
+                store.apply_pending()
+                assert live_digest(store) == replay_digest(store)
+                pending_checks, due = 0, next(cadence)
+        while store.apply_pending():
+            assert live_digest(store) == replay_digest(store)
+        assert store.meta.position == len(steps)
+        with store.state_view() as state:
+            k.assert_invariants(state)
+        assert store_problems(store) == []
+
+
+def test_live_digest_equals_replay_through_a_seeded_random_workload(tmp_path: Path) -> None:
+    seed = 20_240_601
+    with ShardStore.open(str(tmp_path / "shard"), config=CONFIG) as store:
+        workload = Workload(random.Random(seed))
+        for step in range(120):
+            workload.step(store)
+            where = f"seed {seed}, step {step}, position {store.meta.position}"
+            assert live_digest(store) == replay_digest(store), where
+        while store.apply_pending():
+            pass
+        assert live_digest(store) == replay_digest(store)
+        with store.state_view() as state:
+            counters = state.meta.counters
+        # The workload must reach the interesting states, or the check proves little.
+        assert counters.attempts_published > 0
+        assert counters.attempts_not_published > 0
+        assert counters.expired + counters.canceled > 0
+        assert store_problems(store) == []
