@@ -33,7 +33,10 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_clock_ahead_bound_ms: int = 60_000
     max_headers: int = 32
     max_header_bytes: int = 16 * 1024
-    max_identity_bytes: int = 1024
+    # Per part of (tenant, queue, timer_key). Storage keys are built from them (a lane is
+    # tenant+queue, a per-queue listing is tenant+queue+key) and must fit LMDB's 511-byte key
+    # limit; storage refuses a configuration that would not.
+    max_identity_bytes: int = 150
     max_txn_bytes: int = 256
 
     def __post_init__(self) -> None:
