@@ -58,9 +58,31 @@ def _too_late(step: Step, current: Message, txn: str | None = None) -> None:
         Code.TOO_LATE,
         current,
         txn=txn,
-        attempt_id=current.last_attempt_id,
+        attempt_id=current.delivered_attempt_id or current.last_attempt_id,
         evidence=current.evidence,
     )
+
+
+def _timing(step: Step, r: Schedule | Reschedule) -> tuple[int, int] | None:
+    """The absolute (deliverAt, expireAt) of a command, validated against its persistence
+    time; None after recording the rejection."""
+    cfg = step.config
+    timing = resolve_timing(
+        step.bp_ms,
+        deliver_at_ms=r.deliver_at_ms,
+        delay_ms=r.delay_ms,
+        expire_at_ms=r.expire_at_ms,
+        lifetime_ms=r.lifetime_ms,
+        config=cfg,
+    )
+    if isinstance(timing, Code):
+        step.rejected(timing)
+        return None
+    code = validate_timing(step.bp_ms, timing[0], timing[1], cfg.limits)
+    if code is not None:
+        step.rejected(code)
+        return None
+    return timing
 
 
 def schedule(step: Step, r: Schedule) -> None:
@@ -75,30 +97,19 @@ def schedule(step: Step, r: Schedule) -> None:
     )
     if code is not None:
         return step.rejected(code)
-    timing = resolve_timing(
-        step.bp_ms,
-        deliver_at_ms=r.deliver_at_ms,
-        delay_ms=r.delay_ms,
-        expire_at_ms=r.expire_at_ms,
-        lifetime_ms=r.lifetime_ms,
-        config=cfg,
-    )
-    if isinstance(timing, Code):
-        return step.rejected(timing)
-    deliver_at_ms, expire_at_ms = timing
-    code = validate_timing(step.bp_ms, deliver_at_ms, expire_at_ms, cfg.limits)
-    if code is not None:
-        return step.rejected(code)
-
     mid = message_id(r.tenant, r.queue, r.timer_key)
     current = step.message(mid)
     digest = request_digest(b"schedule", r)
     identical = current is not None and current.request_digest == digest
     verdict = _verdict_for("schedule", current, "identical" if identical else "changed")
-    # An identical retry is answered before the precondition: the first try may have been
-    # what moved the version.
+    # An identical retry is answered before anything that depends on when it arrived (its
+    # timing against a later persistence time) or on what the first try did (the version).
     if verdict.code is Code.UNCHANGED:
         return step.applied(Code.UNCHANGED, current)
+    timing = _timing(step, r)
+    if timing is None:
+        return None
+    deliver_at_ms, expire_at_ms = timing
     if not _check_version(step, r.expected_version, current):
         return None
     if verdict.code is Code.TOO_LATE:
@@ -140,6 +151,7 @@ def schedule(step: Step, r: Schedule) -> None:
         uncertain_retries=0,
         last_error=None,
         last_attempt_id=None,
+        delivered_attempt_id=None,
         evidence=None,
         created_at_ms=step.bp_ms,
         updated_at_ms=step.bp_ms,
@@ -170,27 +182,16 @@ def reschedule(step: Step, r: Reschedule) -> None:
     )
     if code is not None:
         return step.rejected(code)
-    timing = resolve_timing(
-        step.bp_ms,
-        deliver_at_ms=r.deliver_at_ms,
-        delay_ms=r.delay_ms,
-        expire_at_ms=r.expire_at_ms,
-        lifetime_ms=r.lifetime_ms,
-        config=cfg,
-    )
-    if isinstance(timing, Code):
-        return step.rejected(timing)
-    deliver_at_ms, expire_at_ms = timing
-    code = validate_timing(step.bp_ms, deliver_at_ms, expire_at_ms, cfg.limits)
-    if code is not None:
-        return step.rejected(code)
-
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))
     digest = request_digest(b"reschedule", r)
     identical = current is not None and current.request_digest == digest
     verdict = _verdict_for("reschedule", current, "identical" if identical else "changed")
     if verdict.code is Code.UNCHANGED:
         return step.applied(Code.UNCHANGED, current)
+    timing = _timing(step, r)
+    if timing is None:
+        return None
+    deliver_at_ms, expire_at_ms = timing
     if not _check_version(step, r.expected_version, current):
         return None
     if verdict.code is Code.ABSENT:
@@ -217,6 +218,8 @@ def reschedule(step: Step, r: Reschedule) -> None:
         uncertain_retries=0,
         last_error=None,
         last_attempt_id=None,
+        delivered_attempt_id=None,
+        evidence=None,
         updated_at_ms=step.bp_ms,
         updated_position=step.position,
     )

@@ -44,6 +44,8 @@ class KernelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("default_expiry_grace_ms must be >= min_delivery_window_ms")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
+        if self.max_uncertain_retries < 0:
+            raise ValueError("max_uncertain_retries must be >= 0")
         if not 0 < self.backoff_base_ms <= self.backoff_max_ms:
             raise ValueError("need 0 < backoff_base_ms <= backoff_max_ms")
         if self.max_payload_bytes < 0:

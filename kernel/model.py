@@ -85,6 +85,7 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     uncertain_retries: int  # Admissions won while UNCERTAIN this generation
     last_error: str | None
     last_attempt_id: str | None
+    delivered_attempt_id: str | None  # the attempt whose evidence made it DELIVERED
     evidence: Evidence | None  # set when DELIVERED
     created_at_ms: int
     updated_at_ms: int

@@ -200,7 +200,11 @@ def outcome(step: Step, r: PublishOutcome) -> None:
         case Published(evidence=evidence):
             verdict = rule(op, _status(message), "-")
             updated = msgspec.structs.replace(
-                base, status=Status(verdict.to_status), evidence=evidence, has_work=False
+                base,
+                status=Status(verdict.to_status),
+                evidence=evidence,
+                delivered_attempt_id=attempt.attempt_id,
+                has_work=False,
             )
             if message.has_work:
                 step.remove_timeline(message)
@@ -289,7 +293,12 @@ def claim_result(step: Step, r: ClaimResult) -> None:
     if not _matches(message, r.generation, r.version):
         return step.rejected(Code.CLAIM_RESULT_STALE, message)
     assert message is not None
-    if message.status not in (Status.SCHEDULED, Status.UNCERTAIN) or not message.has_work:
+    # Only work a claim could have taken: a pending generation, or an armed UNCERTAIN one.
+    if not message.has_work:
+        condition = "unarmed"
+    else:
+        condition = "budget_left_behind_unknown" if message.open_attempts else "budget_left"
+    if rule("claim_result", _status(message), condition).code is Code.CLAIM_RESULT_STALE:
         return step.rejected(Code.CLAIM_RESULT_STALE, message)
     step.revoke(message, Code.CLAIM_RESULT_RECORDED, r.claim_id)
     updated = _after_failure(

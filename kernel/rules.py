@@ -78,6 +78,7 @@ _rows: list[Rule] = [
     # Claim result: a permanent pre-send error spends one attempt.
     Rule("claim_result", S, "budget_left", Code.CLAIM_RESULT_RECORDED, S),
     Rule("claim_result", U, "budget_left_behind_unknown", Code.CLAIM_RESULT_RECORDED, U),
+    Rule("claim_result", U, "unarmed", Code.CLAIM_RESULT_STALE, SAME),
     *(Rule("claim_result", st, "budget_spent", Code.CLAIM_RESULT_RECORDED, X) for st in (S, U)),
     *(Rule("claim_result", st, ANY, Code.CLAIM_RESULT_STALE, SAME) for st in (P, D, C, E, X)),
     Rule("claim_result", ABSENT, ANY, Code.CLAIM_RESULT_STALE, SAME),

@@ -149,3 +149,24 @@ def not_published(disposition: str = "retriable", error: str = "broker_down") ->
 
 def unknown(reason: str = "timeout") -> k.Unknown:
     return k.Unknown(reason)
+
+
+def tables(state: k.State) -> dict[k.Table, list[tuple[bytes, object]]]:
+    """Every row of every table in key order: compare two of these to see what changed."""
+    return {table: list(state.items(table)) for table in k.Table}
+
+
+def obligations(state: k.State) -> set[str]:
+    """The attempt ids with an open obligation."""
+    return {key.decode() for key, _ in state.items(k.Table.OBLIGATIONS)}
+
+
+def expiry_proof(shard: Shard, key: str = "k1") -> k.Expire:
+    """An Expire of the message's current generation and version whose evidence proves that
+    expireAt passed: persisted at expireAt (or later, if the shard's time already is), with
+    the interval's earliest bound at expireAt. Only the message's status can refuse it."""
+    m = shard.message(key)
+    assert m is not None, f"no message {key}"
+    shard.now_ms = max(shard.now_ms, m.expire_at_ms)
+    interval = k.TrustedInterval(m.expire_at_ms, m.expire_at_ms + 10)
+    return k.Expire(m.message_id, m.generation, m.version, interval)
