@@ -46,6 +46,15 @@ def _verdict_for(op: str, current: Message | None, condition: str) -> Rule:
     return rule(op, "ABSENT" if current is None else str(current.status), condition)
 
 
+def _condition(current: Message | None, identical: bool | None) -> str:
+    """The table condition of a reschedule (identical given) or cancel (None)."""
+    if current is not None and current.status is Status.DEAD_LETTERED:
+        return "behind_unknown" if current.open_attempts else "alone"
+    if identical is None:
+        return "-"
+    return "identical" if identical else "changed"
+
+
 def _check_version(step: Step, expected: int | None, current: Message | None) -> bool:
     if expected is not None and expected != (current.version if current else 0):
         step.rejected(Code.VERSION_MISMATCH, current)
@@ -185,7 +194,7 @@ def reschedule(step: Step, r: Reschedule) -> None:
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))
     digest = request_digest(b"reschedule", r)
     identical = current is not None and current.request_digest == digest
-    verdict = _verdict_for("reschedule", current, "identical" if identical else "changed")
+    verdict = _verdict_for("reschedule", current, _condition(current, identical))
     if verdict.code is Code.UNCHANGED:
         return step.applied(Code.UNCHANGED, current)
     timing = _timing(step, r)
@@ -235,7 +244,7 @@ def cancel(step: Step, r: Cancel) -> None:
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))
     if not _check_version(step, r.expected_version, current):
         return None
-    verdict = _verdict_for("cancel", current, "-")
+    verdict = _verdict_for("cancel", current, _condition(current, None))
     if verdict.code is Code.ABSENT:
         return step.rejected(Code.ABSENT, txn=r.txn)
     assert current is not None

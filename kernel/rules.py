@@ -18,6 +18,8 @@ attempt belongs to a generation the message has since left. Conditions:
   budget_left    after spending one attempt, attempts remain (and no other attempt is open)
   budget_left_behind_unknown   attempts remain, and another attempt is still UNKNOWN
   budget_spent   after spending one attempt, none remain
+  (for cancel/reschedule of a DEAD_LETTERED message, alone/behind_unknown say whether an
+  attempt of its generation is still UNKNOWN)
   -              the status alone decides
 """
 
@@ -62,12 +64,20 @@ _rows: list[Rule] = [
     Rule("reschedule", S, "changed", Code.RESCHEDULED, S, True),
     *(Rule("reschedule", st, "identical", Code.UNCHANGED, SAME) for st in (P, U, D)),
     *(Rule("reschedule", st, "changed", Code.TOO_LATE, SAME) for st in (P, U, D)),
-    *(Rule("reschedule", st, ANY, Code.ABSENT, SAME) for st in FINISHED_PENDING_FREE),
+    Rule("reschedule", C, ANY, Code.ABSENT, SAME),
+    Rule("reschedule", E, ANY, Code.ABSENT, SAME),
+    # A dead-lettered generation whose earlier attempt is still UNKNOWN may be at the
+    # destination: that is too late, not absent.
+    Rule("reschedule", X, "alone", Code.ABSENT, SAME),
+    Rule("reschedule", X, "behind_unknown", Code.TOO_LATE, SAME),
     # cancel: wins only before Publish Admission.
     Rule("cancel", ABSENT, ANY, Code.ABSENT, SAME),
     Rule("cancel", S, ANY, Code.CANCELED, C),
     *(Rule("cancel", st, ANY, Code.TOO_LATE, SAME) for st in (P, U, D)),
-    *(Rule("cancel", st, ANY, Code.ABSENT, SAME) for st in FINISHED_PENDING_FREE),
+    Rule("cancel", C, ANY, Code.ABSENT, SAME),
+    Rule("cancel", E, ANY, Code.ABSENT, SAME),
+    Rule("cancel", X, "alone", Code.ABSENT, SAME),
+    Rule("cancel", X, "behind_unknown", Code.TOO_LATE, SAME),
     # Publish Admission: a pending generation, or an UNCERTAIN one whose retry is armed
     # (the retry may duplicate the UNKNOWN attempt; that attempt stays an obligation).
     Rule("admission", S, ANY, Code.ADMITTED, P),

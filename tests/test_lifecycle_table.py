@@ -81,8 +81,8 @@ OUTCOME_RESULTS: dict[str, Result] = {
 # The conditions each op's verdict can depend on ('-' alone: the status decides).
 OP_CONDITIONS: dict[str, tuple[str, ...]] = {
     "schedule": ("identical", "changed"),
-    "reschedule": ("identical", "changed"),
-    "cancel": (),
+    "reschedule": ("identical", "changed", "alone", "behind_unknown"),
+    "cancel": ("alone", "behind_unknown"),
     "admission": ("armed", "unarmed"),
     "claim_result": ("budget_left", "budget_left_behind_unknown", "budget_spent", "unarmed"),
     "expire": ("armed", "unarmed"),
@@ -355,6 +355,8 @@ def _conditions(scene: Scene, op: str, subject: str | None) -> list[str]:
     """The conditions `op` can meet in `scene`, made the way the kernel computes them."""
     behind = bool([a for a in scene.open_attempts() if a != subject])
     match op:
+        case "cancel" | "reschedule" if scene.status == X:
+            return ["behind_unknown" if scene.open_attempts() else "alone"]
         case "schedule" | "reschedule":
             return [ANY] if scene.status == ABSENT else ["identical", "changed"]
         case "admission" | "expire":
