@@ -28,7 +28,7 @@ from kernel.effects import (
     Publish,
     RevokeClaim,
 )
-from kernel.keys import attempt_prefix, lane_id, parse_timeline_key, str_key
+from kernel.keys import attempt_prefix, lane_id, parse_timeline_key, str_key, timeline_key
 from kernel.model import (
     Attempt,
     AttemptStatus,
@@ -62,6 +62,8 @@ from runtime.metrics import Metrics
 from runtime.prepare import PrepareFailure, prepare
 from storage.base import StoreView
 from storage.store import Appendable, ShardStore
+
+BACKLOG_COUNT_LIMIT = 1_000_000
 
 
 class RuntimeHalted(RuntimeError):
@@ -150,6 +152,7 @@ class ShardRuntime:
         self._lane_unready_until: dict[tuple[str, str], int] = {}
         self._recovered = False
         self._last_reconcile_ms = 0
+        self._last_backlog_ms = 0
         self.halted: BaseException | None = None
         _describe_metrics(self.metrics)
 
@@ -610,6 +613,13 @@ class ShardRuntime:
         m.set("nereus_applied_position", self.store.meta.position)
         width = tick.interval.width_ms
         m.set("nereus_clock_error_bound_seconds", width / 2000 if width < 2**61 else -1)
+        if tick.now_ms - self._last_backlog_ms >= 1000 and width < 2**61:
+            # Counted at most once a second and at most BACKLOG_COUNT_LIMIT rows: a scan.
+            self._last_backlog_ms = tick.now_ms
+            stop = timeline_key(tick.interval.earliest_ms + 1, "00" * 16, 0)
+            with self.store.read() as view:
+                backlog = view.count_timeline_before(stop, BACKLOG_COUNT_LIMIT)
+            m.set("nereus_due_backlog", backlog)
 
     def _next_sleep_s(self, tick: _Tick) -> float:
         if self._intake or self._deferred or self._pending_sends:
@@ -651,3 +661,6 @@ def _describe_metrics(m: Metrics) -> None:
         "Half-width of the trusted interval; -1 when unbounded.",
     )
     m.describe("nereus_http_requests_total", "counter", "HTTP requests by route and status.")
+    m.describe(
+        "nereus_due_backlog", "gauge", "Timeline work already due (counted up to 1,000,000)."
+    )

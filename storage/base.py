@@ -84,6 +84,16 @@ class StoreView(LmdbBase):
                     return
                 yield key[len(prefix) :]
 
+    def count_timeline_before(self, stop: bytes, limit: int) -> int:
+        """How many timeline rows sort before `stop`, counting at most `limit`."""
+        count = 0
+        with self._txn.cursor(db=self._env.tables[Table.TIMELINE]) as cursor:
+            for key in cursor.iternext(values=False):
+                if key >= stop or count >= limit:
+                    break
+                count += 1
+        return count
+
     def first_timeline_key(self) -> bytes | None:
         with self._txn.cursor(db=self._env.tables[Table.TIMELINE]) as cursor:
             return cursor.key() if cursor.first() else None
