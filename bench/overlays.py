@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from pyrsistent import pmap
+from pyrsistent import PMap, pmap
 
 from kernel.overlay import Overlay
 
@@ -30,7 +30,7 @@ def _time(fn: Callable[[int], None], n: int) -> float:
 
 
 def _pmap(n: int) -> None:
-    m = pmap()
+    m: PMap[tuple[str, int], int] = pmap()
     for i in range(n):
         m = m.set(("messages", i), i)
     for i in range(n):

@@ -115,6 +115,12 @@ class _Tick:
     now_ms: int
     items: list[Appendable] = field(default_factory=list)
     waiters: list[tuple[CommandFuture, int]] = field(default_factory=list)
+    # Messages something was proposed for this tick (claims, expiries, claim results): a
+    # lane visited twice in one tick must not propose the same thing twice.
+    proposed: set[str] = field(default_factory=set)
+    # Per lane, the last timeline key examined this tick: a second visit continues there.
+    lane_cursor: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    lane_scanned: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class ShardRuntime:
@@ -153,6 +159,7 @@ class ShardRuntime:
         self._recovered = False
         self._last_reconcile_ms = 0
         self._last_backlog_ms = 0
+        self._tick_lock = threading.Lock()
         self.halted: BaseException | None = None
         _describe_metrics(self.metrics)
 
@@ -212,8 +219,20 @@ class ShardRuntime:
 
     def tick(self) -> float:
         """One round: gather, commit once, act on effects, send. Returns how long the
-        caller may sleep before the next round."""
-        tick = _Tick(interval=self.clock.interval(), now_ms=self.clock.now_ms())
+        caller may sleep before the next round. Serialised: the library calls it from
+        callers' threads when no runtime thread runs."""
+        with self._tick_lock:
+            tick = _Tick(interval=self.clock.interval(), now_ms=self.clock.now_ms())
+            try:
+                return self._tick(tick)
+            except BaseException as exc:
+                # Commands taken into this round must hear about the failure, not time out.
+                for future, _start in tick.waiters:
+                    if not future.done():
+                        future._fail(exc)
+                raise
+
+    def _tick(self, tick: _Tick) -> float:
         self._take_commands(tick)
         if not self._recovered:
             tick.items.extend(self._recover())
@@ -380,20 +399,28 @@ class ShardRuntime:
         gate = view.get(Table.LANES, str_key(lane_id(tenant, queue)))
         open_gate = not (isinstance(gate, Lane) and gate.gate == "CLOSED")
         ready = tick.now_ms >= self._lane_unready_until.get(lane, 0)
-        served = scanned = 0
-        for key in view.lane_keys(tenant, queue):
+        served = 0
+        for key in view.lane_keys(tenant, queue, after=tick.lane_cursor.get(lane)):
+            scanned = tick.lane_scanned.get(lane, 0)
             if served >= want or scanned >= self.config.lane_scan_limit:
                 break
-            scanned += 1
             action_at_ms, mid, generation = parse_timeline_key(key)
             if action_at_ms > tick.interval.earliest_ms:
                 break  # this and everything after it is not due yet
-            if mid in self.claims:
-                continue
             work = view.get(Table.TIMELINE, key)
             assert isinstance(work, TimelineWork)
             decision = decide(tick.interval, action_at_ms, work.expire_at_ms)
+            if decision is Decision.ADMIT and open_gate and ready and mid not in self.claims:
+                message = view.get(Table.MESSAGES, str_key(mid))
+                assert isinstance(message, Message)
+                if not self.claims.permits.available(lane, message.payload_size):
+                    break  # not examined: the next visit (or tick) starts here
+            tick.lane_cursor[lane] = key
+            tick.lane_scanned[lane] = scanned + 1
+            if mid in self.claims or mid in tick.proposed:
+                continue
             if decision is Decision.EXPIRE:
+                tick.proposed.add(mid)
                 proposals.append((Expire(mid, generation, work.version, tick.interval), None))
                 served += 1
             elif decision is Decision.ADMIT and open_gate and ready:
@@ -401,15 +428,13 @@ class ShardRuntime:
                 assert isinstance(message, Message)
                 if message.generation != generation or message.version != work.version:
                     continue  # the index and the row disagree only inside a stale view
-                if not self.claims.permits.available(lane, message.payload_size):
-                    break
                 proposal = self._claim(view, message, tick)
-                if proposal is not None:
-                    proposals.append((proposal, None))
-                    served += 1
+                tick.proposed.add(mid)
+                proposals.append((proposal, None))
+                served += 1
         return served
 
-    def _claim(self, view: StoreView, message: Message, tick: _Tick) -> Record | None:
+    def _claim(self, view: StoreView, message: Message, tick: _Tick) -> Record:
         if message.status is Status.UNCERTAIN:
             evidence = self._evidence_for_open_attempts(view, message)
             if evidence is not None:

@@ -73,11 +73,12 @@ class StoreView(LmdbBase):
                 yield tenant.decode(), queue.decode(), rest
                 found = cursor.set_range(tenant + b"\x00" + queue + b"\x00" + b"\xff" * 33)
 
-    def lane_keys(self, tenant: str, queue: str) -> Iterator[bytes]:
-        """The lane's timeline keys in due order."""
+    def lane_keys(self, tenant: str, queue: str, after: bytes | None = None) -> Iterator[bytes]:
+        """The lane's timeline keys in due order (strictly after `after`, if given)."""
         prefix = lane_prefix(tenant, queue)
+        start = prefix if after is None else prefix + after + b"\x00"
         with self._txn.cursor(db=self._env.lane_timeline) as cursor:
-            if not cursor.set_range(prefix):
+            if not cursor.set_range(start):
                 return
             for key in cursor.iternext(values=False):
                 if not key.startswith(prefix):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ def _example() -> str:
 
 
 def test_readme_library_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code = _example().replace("/tmp/nereus-example", str(tmp_path / "example"))
+    code = _example()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})
