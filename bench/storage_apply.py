@@ -6,7 +6,7 @@
 2. replay: `replay.fold.replay` over the store's log, beside a raw cursor scan + msgpack
    decode of the same log;
 3. memory: for each live-timer count, a fresh process opens a store preloaded with that many
-   pending timers and applies a mixed workload; its peak RSS (ru_maxrss) and apply rate are
+   pending timers and applies a mixed workload; its peak RSS (VmHWM) and apply rate are
    reported. Pending timers live in LMDB, so the RSS should stay flat.
 
 The preload for (3) writes message, timeline, lane-index and payload rows directly (the same
@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -185,10 +184,23 @@ def preload(path: str, live: int) -> None:
     store.close()
 
 
+def _status_mb() -> dict[str, float]:
+    """Memory figures of this process from /proc: the peak (VmHWM, which, unlike
+    ru_maxrss, starts afresh at exec) and the current resident set split into anonymous
+    memory (Python objects) and file-backed pages (LMDB's map, reclaimable page cache)."""
+    fields: dict[str, float] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                fields[name] = round(int(value.split()[0]) / 1024, 1)
+    return fields
+
+
 def measure_child(path: str, entries: int) -> dict[str, Any]:
     """Runs in a fresh process: open the preloaded store and apply a mixed workload."""
     store = ShardStore.open(path, options=StoreOptions(check_invariants_on_open=False))
-    base_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after_open = _status_mb()
     live = store.meta.counters.scheduled
     items = []
     for i in range(entries):
@@ -205,8 +217,8 @@ def measure_child(path: str, entries: int) -> dict[str, Any]:
         "live_timers": live,
         "entries": entries,
         "apply_per_s": round(rate),
-        "rss_after_open_mb": round(base_rss_kb / 1024, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "rss_after_open_mb": after_open["VmRSS"],
+        **{f"{k.lower()}_mb": v for k, v in _status_mb().items()},
     }
 
 
@@ -265,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["memory"]:
         print(
             f"live {row['live_timers']:>11,}: apply {row['apply_per_s']:>7,}/s  "
-            f"peak RSS {row['peak_rss_mb']} MB"
+            f"peak RSS {row['vmhwm_mb']} MB (anonymous {row['rssanon_mb']} MB, "
+            f"LMDB map pages {row['rssfile_mb']} MB)"
         )
     if args.json:
         with open(args.json, "w") as f:
