@@ -49,6 +49,8 @@ def _verdict_for(op: str, current: Message | None, condition: str) -> Rule:
 def _condition(current: Message | None, identical: bool | None) -> str:
     """The table condition of a reschedule (identical given) or cancel (None)."""
     if current is not None and current.status is Status.DEAD_LETTERED:
+        if current.evidence is not None:
+            return "published"
         return "behind_unknown" if current.open_attempts else "alone"
     if identical is None:
         return "-"

@@ -57,7 +57,8 @@ INVARIANTS: dict[str, str] = {
     "always have work, and only SCHEDULED or UNCERTAIN messages have any.",
     "INV-06": "The status and attempt counters equal the counts of rows.",
     "INV-07": "A payload's reference count equals the number of messages that hold it.",
-    "INV-08": "A DELIVERED message has evidence equal to a PUBLISHED attempt of its generation.",
+    "INV-08": "A DELIVERED message has evidence; any evidence a message holds is that of a "
+    "PUBLISHED attempt of its generation.",
     "INV-09": "attempts_spent never exceeds max_attempts; a DEAD_LETTERED message spent it all.",
     "INV-10": "Work is never keyed before the generation's first action time (deliverAt minus "
     "the handoff lead), and deliverAt plus the minimum delivery window is at most expireAt.",
@@ -166,8 +167,8 @@ def check(state: State) -> list[Violation]:
         if a.status is AttemptStatus.PUBLISHED
     }
     for mid, m in messages.items():
-        if m.status is Status.DELIVERED and (
-            m.evidence is None or (mid, m.generation, m.evidence) not in published
+        if (m.status is Status.DELIVERED and m.evidence is None) or (
+            m.evidence is not None and (mid, m.generation, m.evidence) not in published
         ):
             out.append(Violation("INV-08", f"delivered message {mid} lacks evidence"))
         if m.attempts_spent > cfg.max_attempts or (

@@ -190,11 +190,23 @@ def outcome(step: Step, r: PublishOutcome) -> None:
     open_attempts = message.open_attempts - (1 if closes else 0)
     base = msgspec.structs.replace(_touch(step, message), open_attempts=open_attempts)
     if message.status not in (Status.PUBLISHING, Status.UNCERTAIN):
-        # Delivered or dead-lettered already: this attempt's fate changes only the ledger.
+        # Delivered or dead-lettered already: the status stays. A dead-lettered message whose
+        # unknown attempt is proven published keeps that evidence, so a later cancel can say
+        # where it went.
         verdict = rule(op, _status(message), "-")
         assert verdict.to_status == SAME
+        if (
+            isinstance(result, Published)
+            and message.status is Status.DEAD_LETTERED
+            and message.evidence is None
+        ):
+            base = msgspec.structs.replace(
+                base, evidence=result.evidence, delivered_attempt_id=attempt.attempt_id
+            )
         step.put_message(message, base)
-        return step.applied(Code.OUTCOME_RECORDED, base, attempt_id=r.attempt_id)
+        return step.applied(
+            Code.OUTCOME_RECORDED, base, attempt_id=r.attempt_id, evidence=resolved.evidence
+        )
 
     match result:
         case Published(evidence=evidence):

@@ -18,8 +18,9 @@ attempt belongs to a generation the message has since left. Conditions:
   budget_left    after spending one attempt, attempts remain (and no other attempt is open)
   budget_left_behind_unknown   attempts remain, and another attempt is still UNKNOWN
   budget_spent   after spending one attempt, none remain
-  (for cancel/reschedule of a DEAD_LETTERED message, alone/behind_unknown say whether an
-  attempt of its generation is still UNKNOWN)
+  (for cancel/reschedule of a DEAD_LETTERED message: alone = nothing of its generation can
+  be at the destination; behind_unknown = an attempt is still UNKNOWN; published = an
+  UNKNOWN attempt was later proven PUBLISHED)
   -              the status alone decides
 """
 
@@ -70,6 +71,7 @@ _rows: list[Rule] = [
     # destination: that is too late, not absent.
     Rule("reschedule", X, "alone", Code.ABSENT, SAME),
     Rule("reschedule", X, "behind_unknown", Code.TOO_LATE, SAME),
+    Rule("reschedule", X, "published", Code.TOO_LATE, SAME),
     # cancel: wins only before Publish Admission.
     Rule("cancel", ABSENT, ANY, Code.ABSENT, SAME),
     Rule("cancel", S, ANY, Code.CANCELED, C),
@@ -78,6 +80,7 @@ _rows: list[Rule] = [
     Rule("cancel", E, ANY, Code.ABSENT, SAME),
     Rule("cancel", X, "alone", Code.ABSENT, SAME),
     Rule("cancel", X, "behind_unknown", Code.TOO_LATE, SAME),
+    Rule("cancel", X, "published", Code.TOO_LATE, SAME),
     # Publish Admission: a pending generation, or an UNCERTAIN one whose retry is armed
     # (the retry may duplicate the UNKNOWN attempt; that attempt stays an obligation).
     Rule("admission", S, ANY, Code.ADMITTED, P),

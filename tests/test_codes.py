@@ -693,6 +693,24 @@ def ledger_only(r: Result) -> None:
     assert r.effects[1:] == ()
 
 
+def gains_evidence(r: Result) -> None:
+    """A dead-lettered message whose unknown attempt is proven published keeps its status
+    and budget but records where the attempt landed, and which attempt it was."""
+    before, m = r.message(r.before), r.message()
+    assert before.evidence is None and m.evidence is not None
+    assert m.delivered_attempt_id == r.outcome.attempt_id
+    keep = {
+        "version": m.version,
+        "open_attempts": m.open_attempts,
+        "updated_at_ms": m.updated_at_ms,
+        "updated_position": m.updated_position,
+        "evidence": m.evidence,
+        "delivered_attempt_id": m.delivered_attempt_id,
+    }
+    assert msgspec.structs.replace(before, **keep) == m
+    assert r.effects[1:] == ()
+
+
 def untouched(r: Result) -> None:
     """An outcome of a superseded generation: the message row does not move at all."""
     assert r.message() == r.message(r.before)
@@ -934,7 +952,7 @@ ROWS: tuple[Row, ...] = (
       dead_lettered_behind_unknown, config=ONE_ATTEMPT),
     R("evidence for a dead-lettered timer's unknown attempt",
       on_retry(lambda s, a1, a2: s.outcome(a1, published(1)), (2, not_published("permanent"))),
-      C.OUTCOME_RECORDED, both(ledger_only, status(k.Status.DEAD_LETTERED)),
+      C.OUTCOME_RECORDED, both(gains_evidence, status(k.Status.DEAD_LETTERED)),
       config=ONE_ATTEMPT),
     R("the old generation's retry published", superseded_retry(published(2)),
       C.OUTCOME_RECORDED, untouched),

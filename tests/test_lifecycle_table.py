@@ -81,8 +81,8 @@ OUTCOME_RESULTS: dict[str, Result] = {
 # The conditions each op's verdict can depend on ('-' alone: the status decides).
 OP_CONDITIONS: dict[str, tuple[str, ...]] = {
     "schedule": ("identical", "changed"),
-    "reschedule": ("identical", "changed", "alone", "behind_unknown"),
-    "cancel": ("alone", "behind_unknown"),
+    "reschedule": ("identical", "changed", "alone", "behind_unknown", "published"),
+    "cancel": ("alone", "behind_unknown", "published"),
     "admission": ("armed", "unarmed"),
     "claim_result": ("budget_left", "budget_left_behind_unknown", "budget_spent", "unarmed"),
     "expire": ("armed", "unarmed"),
@@ -145,6 +145,14 @@ class Scene:
 
     def has_work(self) -> bool:
         return self.status == S or self.armed
+
+    def published(self) -> bool:
+        """A dead-lettered generation one of whose attempts was later proven published."""
+        return (
+            self.status == X
+            and not self.superseded
+            and any(st == k.AttemptStatus.PUBLISHED for _, st in self.attempts)
+        )
 
 
 UNKNOWN_THEN_RETRY = ("schedule", "admit A1", "unknown A1", "admit A2")
@@ -261,6 +269,14 @@ SCENES: tuple[Scene, ...] = (
         max_attempts=1,
     ),
     Scene(
+        "dead-lettered, then its unknown attempt proven published",
+        X,
+        (*UNKNOWN_THEN_RETRY, "permanent A2", "published A1"),
+        (("A1", PUB), ("A2", NOT)),
+        spent=1,
+        max_attempts=1,
+    ),
+    Scene(
         "dead-lettered by a claim result while uncertain",
         X,
         ("schedule", "admit A1", "unknown A1", "claim"),
@@ -356,6 +372,8 @@ def _conditions(scene: Scene, op: str, subject: str | None) -> list[str]:
     behind = bool([a for a in scene.open_attempts() if a != subject])
     match op:
         case "cancel" | "reschedule" if scene.status == X:
+            if scene.published():
+                return ["published"]
             return ["behind_unknown" if scene.open_attempts() else "alone"]
         case "schedule" | "reschedule":
             return [ANY] if scene.status == ABSENT else ["identical", "changed"]
@@ -573,12 +591,18 @@ def _assert_ledger_only(
     row: Rule, before: k.Message, after: k.Message, effects: tuple[k.Effect, ...]
 ) -> None:
     """An outcome for a finished or superseded generation changes the ledger only: the
-    message keeps its status, evidence, budget, work; a superseded one is not touched."""
+    message keeps its status, budget, work; a superseded one is not touched. The one thing
+    a finished message may gain is evidence: a dead-lettered message whose unknown attempt
+    is proven published records where it went (once)."""
     if row.from_status == OLD_GENERATION:
         assert after == before
-    else:
-        same = {name: getattr(before, name) for name in LEDGER_FIELDS}
-        assert msgspec.structs.replace(after, **same) == before
+        return
+    same = {name: getattr(before, name) for name in LEDGER_FIELDS}
+    gained = row.op == "outcome_published" and row.from_status == X and before.evidence is None
+    if gained:
+        assert after.evidence is not None and after.delivered_attempt_id is not None
+        same |= {"evidence": None, "delivered_attempt_id": None}
+    assert msgspec.structs.replace(after, **same) == before
     assert effects[1:] == ()
 
 
