@@ -106,6 +106,7 @@ CLOCK_ERRORS_MS = st.sampled_from((0, 1, 5, 1_000)) | st.integers(0, 50_000)
 
 
 def _clamp(t_ms: int) -> int:
+    """Into (MIN_TIME_MS, MAX_TIME_MS]: bounds the unbounded interval still answers PAUSE for."""
     return max(MIN_TIME_MS + 1, min(MAX_TIME_MS, t_ms))
 
 
@@ -124,23 +125,25 @@ def trusted_intervals(
 ) -> k.TrustedInterval:
     """An interval with one end on or next to a bound (or the middle near one), the clock
     error deciding where the other end lands; sometimes the unbounded interval."""
-    if draw(st.integers(0, 19)) == 0:
+    if draw(one_in(20)):
         return k.UNBOUNDED
     anchors = [a for a in (action_at_ms, expire_at_ms) if a is not None] or [T0_MS]
     anchor = draw(st.sampled_from(anchors)) + draw(EDGE_OFFSETS_MS)
     error = draw(CLOCK_ERRORS_MS)
     side = draw(st.sampled_from(("earliest", "latest", "middle")))
-    if side == "earliest":
-        return k.TrustedInterval(anchor, anchor + 2 * error)
-    if side == "latest":
-        return k.TrustedInterval(anchor - 2 * error, anchor)
-    return k.TrustedInterval(anchor - error, anchor + error)
+    low, high = {
+        "earliest": (anchor, anchor + 2 * error),
+        "latest": (anchor - 2 * error, anchor),
+        "middle": (anchor - error, anchor + error),
+    }[side]
+    # Inside the representable range, which is what the unbounded interval spans.
+    return k.TrustedInterval(_clamp(low), _clamp(high))
 
 
 @st.composite
 def wider_intervals(draw: st.DrawFn, narrow: k.TrustedInterval) -> k.TrustedInterval:
     """An interval containing `narrow`: earliest moved down and/or latest moved up."""
-    if draw(st.integers(0, 9)) == 0:
+    if draw(one_in(10)):
         return k.UNBOUNDED
     grow = st.sampled_from((0, 0, 1)) | st.integers(0, 10**7)
     return k.TrustedInterval(narrow.earliest_ms - draw(grow), narrow.latest_ms + draw(grow))
