@@ -4,8 +4,8 @@ For each live-timer count N: preload N pending timers (through the reducer itsel
 into a dict base in batches, as storage would), then time a mixed workload of encoded log
 entries — new schedules, upserts, cancels, admissions and their outcomes — two ways in the
 same run: (a) raw `msgspec` decode of the entries, (b) decode + `kernel.reduce` + a flush of
-the overlay into the base every `--batch` entries. The ratio b/a is the kernel's cost over the
-floor any Python consumer of the log pays.
+the overlay into the base every `--batch` changed rows (`storage.memory.MemoryStore`). The
+ratio b/a is the kernel's cost over the floor any Python consumer of the log pays.
 
     .venv/bin/python -m bench.kernel_apply --live 10000,1000000
 """
@@ -21,28 +21,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import kernel as k
-from kernel.model import Table, Value
 from kernel.records import decode_entry, encode_entry
-from kernel.state import MappingBase
+from storage.memory import MemoryStore
 
 T0_MS = 1_780_000_000_000
 DIGEST = hashlib.sha256(b"bench").hexdigest()
-
-
-class DictStore:
-    """The in-memory stand-in for storage: applies a batch's changes, then rebases."""
-
-    def __init__(self) -> None:
-        self.tables: dict[Table, dict[bytes, Value]] = {t: {} for t in k.Table}
-
-    def flush(self, state: k.State) -> k.State:
-        for table, key, value in state.changes():
-            rows = self.tables[table]
-            if value is None:
-                rows.pop(key, None)
-            else:
-                rows[key] = value
-        return state.rebase(MappingBase(self.tables))
 
 
 def _progress(label: str, done: int, total: int) -> None:
@@ -53,20 +36,19 @@ def _progress(label: str, done: int, total: int) -> None:
         sys.stderr.flush()
 
 
-def preload(live: int, batch: int) -> tuple[k.State, DictStore, int]:
-    store = DictStore()
-    state = k.State.initial()
-    position = 0
-    for i in range(live):
-        position += 1
-        record = k.Schedule("t", f"q{i % 8}", f"live-{i}", "tx", DIGEST, 64, delay_ms=3_600_000)
-        state, _ = k.reduce(state, k.LogEntry(position, T0_MS, record))
-        if position % batch == 0:
-            state = store.flush(state)
-            if position % (batch * 100) == 0:
-                _progress(f"preload {live:,}", position, live)
+def preload(live: int, batch: int) -> MemoryStore:
+    store = MemoryStore(batch_entries=batch)
+
+    def schedules() -> Iterator[k.LogEntry]:
+        for i in range(live):
+            record = k.Schedule("t", f"q{i % 8}", f"live-{i}", "tx", DIGEST, 64, delay_ms=3_600_000)
+            if (i + 1) % (batch * 100) == 0:
+                _progress(f"preload {live:,}", i + 1, live)
+            yield k.LogEntry(i + 1, T0_MS, record)
+
+    store.feed(schedules())
     _progress(f"preload {live:,}", live, live)
-    return store.flush(state), store, position
+    return store
 
 
 def workload(start: int, count: int, live: int) -> Iterator[k.LogEntry]:
@@ -105,7 +87,8 @@ def workload(start: int, count: int, live: int) -> Iterator[k.LogEntry]:
 
 
 def measure(live: int, entries: int, batch: int) -> dict[str, Any]:
-    state, store, position = preload(live, batch)
+    store = preload(live, batch)
+    position = store.meta.position
     encoded = [encode_entry(e) for e in workload(position, entries, live)]
     n = len(encoded)
 
@@ -115,13 +98,9 @@ def measure(live: int, entries: int, batch: int) -> dict[str, Any]:
     decode_s = time.perf_counter() - t
 
     t = time.perf_counter()
-    for i, blob in enumerate(encoded, start=1):
-        state, _ = k.reduce(state, decode_entry(blob))
-        if i % batch == 0:
-            state = store.flush(state)
-    state = store.flush(state)
+    store.feed(decode_entry(blob) for blob in encoded)
     apply_s = time.perf_counter() - t
-    assert state.meta.position == position + n
+    assert store.meta.position == position + n
     return {
         "live_timers": live,
         "entries": n,

@@ -96,12 +96,19 @@ def _timing(step: Step, r: Schedule | Reschedule) -> tuple[int, int] | None:
     return timing
 
 
+def _check_command(step: Step, r: Schedule | Reschedule) -> Code | None:
+    """The checks every timing command starts with, in code-list order."""
+    return (
+        (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE)
+        or check_identity(r.tenant, r.queue, r.timer_key, step.config)
+        or check_txn(r.txn, step.config)
+    )
+
+
 def schedule(step: Step, r: Schedule) -> None:
     cfg = step.config
     code = (
-        (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE)
-        or check_identity(r.tenant, r.queue, r.timer_key, cfg)
-        or check_txn(r.txn, cfg)
+        _check_command(step, r)
         or check_payload(r.payload_digest, r.payload_size, cfg)
         or check_headers(r.headers, cfg)
         or check_capability(r.capability, cfg)
@@ -185,12 +192,7 @@ def _replace_generation(
 
 
 def reschedule(step: Step, r: Reschedule) -> None:
-    cfg = step.config
-    code = (
-        (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE)
-        or check_identity(r.tenant, r.queue, r.timer_key, cfg)
-        or check_txn(r.txn, cfg)
-    )
+    code = _check_command(step, r)
     if code is not None:
         return step.rejected(code)
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))
