@@ -2,10 +2,11 @@
 
 Each rule is a checker run on every step of a history: (a) no publish without PUBLISHING,
 (b) no publish outside [actionAt, expireAt) or before deliverAt allows, and never twice for
-one attempt, (c) cancel versus Admission, (d) UNKNOWN is never resolved but by evidence, (e)
-no expiry without proof or with an open attempt, (f) a rejected entry changes no row. One
-hypothesis test applies all of them to generated histories (one generation, many checks);
-the directed tests below reach the deep cases on purpose and apply them too.
+one attempt, (c) cancel versus Admission, (d) UNKNOWN is never resolved but by evidence,
+(e) no expiry without proof or with an open attempt, (f) a rejected entry changes no row,
+(g) no entry persisted before its predecessor is applied. One hypothesis test applies all
+of them to generated histories (one generation, many checks); the directed tests below
+reach the deep cases on purpose and apply them too.
 """
 
 from __future__ import annotations
@@ -257,6 +258,18 @@ def check_f_rejected_entry_changes_no_row(step: StepRecord) -> None:
         assert step.after.meta.position == step.before.meta.position + 1
 
 
+# (g) time never runs backwards ------------------------------------------------------------
+
+
+def check_g_time_never_runs_backwards(step: StepRecord) -> None:
+    """An entry persisted before its predecessor is never applied (so no decision can rest
+    on a clock that went back), and the shard's persistence time never decreases."""
+    if step.entry.persisted_at_ms < step.before.meta.last_persisted_at_ms:
+        assert not step.outcome.applied
+        assert step.outcome.code in LOG_STRUCTURE_CODES
+    assert step.after.meta.last_persisted_at_ms >= step.before.meta.last_persisted_at_ms
+
+
 # All of them over a history ---------------------------------------------------------------
 
 
@@ -285,6 +298,7 @@ class NeverRules:
         check_d_unknown_waits_for_evidence(step)
         check_e_expiry_only_when_proven(step)
         check_f_rejected_entry_changes_no_row(step)
+        check_g_time_never_runs_backwards(step)
 
     def check_all(self, driver: Driver) -> None:
         for step in driver.steps:

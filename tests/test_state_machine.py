@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import event, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -180,7 +180,6 @@ class KernelAgainstModel(RuleBasedStateMachine):
         self.state, effects = k.reduce(self.state, entry)
         outcome = effects[0]
         assert isinstance(outcome, EntryOutcome)
-        event(f"{outcome.record_type}: {outcome.code}")
         assert outcome.code is want, f"kernel {outcome.code}, model {want}: {record}"
         publishes = [e for e in effects if isinstance(e, Publish)]
         assert len(publishes) == (1 if want is k.Code.ADMITTED else 0)
