@@ -268,30 +268,42 @@ class Nereus:
         return to_result(self._run([(record, None)])[0], queue, timer_key)
 
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
-        mid = message_id(tenant, queue, timer_key)
-        with self.store.read() as view:
-            m = view.get(Table.MESSAGES, mid.encode())
-            payload = view.payload(m.payload_digest) if isinstance(m, Message) else None
-        if not isinstance(m, Message):
-            return Peek(found=False, queue=queue, timer_key=timer_key)
-        return Peek(
-            found=True,
-            queue=queue,
-            timer_key=timer_key,
-            status=str(m.status),
-            partition=m.partition_key,
-            deliver_at_ms=m.deliver_at_ms,
-            expire_at_ms=m.expire_at_ms,
-            txn=m.txn,
-            message_id=m.message_id,
-            generation=m.generation,
-            version=m.version,
-            payload=base64.b64encode(payload).decode() if payload is not None else None,
-            encrypted=m.encrypted,
-            producer_sub=m.producer_sub,
-            attempts=m.attempts_admitted,
-            last_error=m.last_error,
-            claimed=self.runtime.is_claimed(m),
-            created_at_ms=m.created_at_ms,
-            updated_at_ms=m.updated_at_ms,
-        )
+        return peek_store(self.store, self.runtime, queue, timer_key, tenant=tenant)
+
+
+def peek_store(
+    store: ShardStore,
+    runtime: ShardRuntime,
+    queue: str,
+    timer_key: str,
+    *,
+    tenant: str = DEFAULT_TENANT,
+) -> Peek:
+    """A timer's row as the shard store holds it (and whether the runtime has it in hand)."""
+    mid = message_id(tenant, queue, timer_key)
+    with store.read() as view:
+        m = view.get(Table.MESSAGES, mid.encode())
+        payload = view.payload(m.payload_digest) if isinstance(m, Message) else None
+    if not isinstance(m, Message):
+        return Peek(found=False, queue=queue, timer_key=timer_key)
+    return Peek(
+        found=True,
+        queue=queue,
+        timer_key=timer_key,
+        status=str(m.status),
+        partition=m.partition_key,
+        deliver_at_ms=m.deliver_at_ms,
+        expire_at_ms=m.expire_at_ms,
+        txn=m.txn,
+        message_id=m.message_id,
+        generation=m.generation,
+        version=m.version,
+        payload=base64.b64encode(payload).decode() if payload is not None else None,
+        encrypted=m.encrypted,
+        producer_sub=m.producer_sub,
+        attempts=m.attempts_admitted,
+        last_error=m.last_error,
+        claimed=runtime.is_claimed(m),
+        created_at_ms=m.created_at_ms,
+        updated_at_ms=m.updated_at_ms,
+    )

@@ -12,6 +12,11 @@ batch is appended as one unit and answered in request order once durable, each e
 `ok` and a `status` from a closed list. Only relative delays are on the wire; the absolute
 deliverAt is computed from the entry's persistence time and returned. Error bodies are
 `{"error": {"code": ..., "message": ...}}` with codes from `ERROR_CODES`.
+
+The routes run against a `TimerBackend`: the embedded `Nereus` (one shard, commands
+committed by its runtime), or `adapters.kafka_service.KafkaService` (commands produced to the
+Kafka commands topic and answered by whichever process owns their shard; peek reads the
+local store of a shard owned here and answers 503 `shard_not_local` for any other).
 """
 
 from __future__ import annotations
@@ -20,14 +25,18 @@ import base64
 import binascii
 import threading
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from adapters.embedded import DEFAULT_TENANT, Nereus, Result, schedule_record, to_result
+from adapters.embedded import DEFAULT_TENANT, Nereus, Peek, Result, schedule_record, to_result
+from kernel.config import KernelConfig
+from kernel.effects import EntryOutcome
 from kernel.records import Cancel
+from runtime.metrics import Metrics
 from runtime.shard import Overloaded, RuntimeHalted
 from storage.store import Appendable
 
@@ -49,7 +58,68 @@ ERROR_CODES: dict[str, str] = {
     "method_not_allowed": "The route does not take this method.",
     "overloaded": "The intake queue is full: retry later.",
     "unavailable": "The service cannot commit right now (not your fault).",
+    "shard_not_local": "Kafka mode: the timer's shard is not owned by this process; peek it "
+    "at the process that owns it (see /healthz) or retry after the shards move.",
 }
+
+
+class Unavailable(RuntimeError):
+    """The backend cannot append or answer right now (the command may or may not have been
+    appended: a retry of a schedule with the same txn is safe)."""
+
+
+class ShardNotLocal(Exception):
+    """Kafka mode: a peek of a timer whose shard this process does not own (or is still
+    catching up on)."""
+
+
+class TimerBackend(Protocol):
+    """What the routes need from the service behind them."""
+
+    @property
+    def kernel_config(self) -> KernelConfig: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
+        """Append the items as one unit and return their outcomes once durable. Raises
+        Overloaded, RuntimeHalted or TimeoutError when it cannot."""
+        ...
+
+    def peek(self, queue: str, timer_key: str) -> Peek:
+        """Raises ShardNotLocal when this process cannot read the timer's shard."""
+        ...
+
+    def health(self) -> tuple[bool, dict[str, Any]]: ...
+
+
+class EmbeddedBackend:
+    """The embedded `Nereus` (one shard in this process) as a TimerBackend."""
+
+    def __init__(self, nereus: Nereus) -> None:
+        self.nereus = nereus
+
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return self.nereus.store.config
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.nereus.runtime.metrics
+
+    def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
+        return self.nereus.runtime.execute(items, timeout_s)
+
+    def peek(self, queue: str, timer_key: str) -> Peek:
+        return self.nereus.peek(queue, timer_key)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        halted = self.nereus.runtime.halted
+        return halted is None, {
+            "ok": halted is None,
+            "appliedPosition": self.nereus.store.meta.position,
+        }
 
 
 class ApiError(Exception):
@@ -197,9 +267,11 @@ class TimerApi:
     """Routes requests to a `Nereus` instance; independent of the HTTP server class so tests
     can call `handle` directly."""
 
-    def __init__(self, nereus: Nereus, *, commit_timeout_s: float = 30.0) -> None:
-        self.nereus = nereus
-        cfg = nereus.store.config
+    def __init__(self, backend: Nereus | TimerBackend, *, commit_timeout_s: float = 30.0) -> None:
+        self.backend: TimerBackend = (
+            EmbeddedBackend(backend) if isinstance(backend, Nereus) else backend
+        )
+        cfg = self.backend.kernel_config
         self.limits = ApiLimits(
             max_delay_ms=cfg.limits.max_delay_horizon_ms,
             max_payload_bytes=cfg.max_payload_bytes,
@@ -213,7 +285,7 @@ class TimerApi:
         except ApiError as exc:
             doc = {"error": {"code": exc.code, "message": str(exc)}}
             response = exc.status, "application/json", msgspec.json.encode(doc)
-        self.nereus.runtime.metrics.inc(
+        self.backend.metrics.inc(
             "nereus_http_requests_total",
             labels={"route": _route_label(method, target), "status": str(response[0])},
         )
@@ -224,12 +296,11 @@ class TimerApi:
         path = url.path
         if path == "/metrics":
             self._only(method, "GET")
-            return 200, "text/plain; version=0.0.4", self.nereus.runtime.metrics.render().encode()
+            return 200, "text/plain; version=0.0.4", self.backend.metrics.render().encode()
         if path == "/healthz":
             self._only(method, "GET")
-            halted = self.nereus.runtime.halted
-            doc = {"ok": halted is None, "appliedPosition": self.nereus.store.meta.position}
-            return (200 if halted is None else 503), "application/json", msgspec.json.encode(doc)
+            ok, doc = self.backend.health()
+            return (200 if ok else 503), "application/json", msgspec.json.encode(doc)
         if path == "/api/v1/timers":
             self._only(method, "POST")
             return self._post(body)
@@ -258,10 +329,10 @@ class TimerApi:
 
     def _commit(self, items: list[Appendable]) -> list[Any]:
         try:
-            return self.nereus.runtime.execute(items, self.commit_timeout_s)
+            return self.backend.execute(items, self.commit_timeout_s)
         except Overloaded as exc:
             raise ApiError(429, "overloaded", str(exc)) from exc
-        except (RuntimeHalted, TimeoutError) as exc:
+        except (RuntimeHalted, TimeoutError, Unavailable) as exc:
             raise ApiError(503, "unavailable", str(exc)) from exc
 
     def _post(self, body: bytes) -> tuple[int, str, bytes]:
@@ -282,7 +353,10 @@ class TimerApi:
         return self._json(200, result_json(to_result(outcome, queue, timer_key), "cancel"))
 
     def _peek(self, queue: str, timer_key: str) -> dict[str, Any]:
-        p = self.nereus.peek(queue, timer_key)
+        try:
+            p = self.backend.peek(queue, timer_key)
+        except ShardNotLocal as exc:
+            raise ApiError(503, "shard_not_local", str(exc)) from exc
         if not p.found:
             return {"found": False}
         return {

@@ -7,6 +7,9 @@ import msgspec
 
 class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     owner: str = "nereus"
+    # Attempt and claim ids end in "<namespace>-<claim sequence>" when set (a Kafka shard
+    # owner uses one per ownership tenure), else in the bare sequence.
+    claim_namespace: str = ""
     # Per tick: commands taken from the intake queue, and admissions proposed.
     max_commands_per_tick: int = 4096
     max_admissions_per_tick: int = 512

@@ -120,3 +120,55 @@ class Metrics:
                     lines.append(f"{name}_count{_fmt_labels(key)} {_num(counts[-2])}")
                     lines.append(f"{name}_sum{_fmt_labels(key)} {_num(counts[-1])}")
         return "\n".join(lines) + "\n"
+
+
+class ScopedMetrics(Metrics):
+    """A view of a registry that adds fixed labels to every series it touches: one shard's
+    runtime among several in one process (`shard="3"`)."""
+
+    def __init__(self, parent: Metrics, labels: dict[str, str]) -> None:
+        self._parent = parent
+        self._extra = dict(labels)
+
+    def _with(self, labels: dict[str, str] | None) -> dict[str, str]:
+        return {**(labels or {}), **self._extra}
+
+    def describe(self, name: str, kind: str, text: str) -> None:
+        self._parent.describe(name, kind, text)
+
+    def inc(self, name: str, amount: float = 1.0, labels: dict[str, str] | None = None) -> None:
+        self._parent.inc(name, amount, self._with(labels))
+
+    def set(self, name: str, value: float, labels: dict[str, str] | None = None) -> None:
+        self._parent.set(name, value, self._with(labels))
+
+    def observe(
+        self,
+        name: str,
+        value: float,
+        labels: dict[str, str] | None = None,
+        buckets: Sequence[float] = LAG_BUCKETS_S,
+    ) -> None:
+        self._parent.observe(name, value, self._with(labels), buckets)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        return self._parent.value(name, self._with(labels))
+
+    def render(self) -> str:
+        return self._parent.render()
+
+
+def drop_series(metrics: Metrics, labels: dict[str, str]) -> None:
+    """Forget every series carrying all of `labels` (a shard that moved away must not keep
+    exporting its last gauges from here)."""
+    root = metrics
+    while isinstance(root, ScopedMetrics):
+        root = root._parent
+    want = set(labels.items())
+    with root._lock:
+        for values in root._values.values():
+            for key in [k for k in values if want <= set(k)]:
+                del values[key]
+        for hist in root._hist.values():
+            for key in [k for k in hist if want <= set(k)]:
+                del hist[key]

@@ -12,6 +12,13 @@ replays the log rather than guessing.
 
 Due discovery walks the per-lane timeline index in two-level deficit-round-robin order
 (`runtime.drr`), so a lane with a large backlog cannot starve the others.
+
+The "append + fold" step goes through a `runtime.shardlog.ShardLog`: the embedded LMDB log
+by default, or a Kafka partition (`adapters.kafka_log`), where the tick's records are folded
+when they come back from the broker in a later tick. Recovery waits until the log is caught
+up, discovery until every record this owner wrote has been folded, and a send until the log
+says this owner still owns the shard. A log that lost the shard raises `ShardLost`: the
+runtime stops without halting and drops its claims.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from runtime.drr import DeficitRoundRobin
 from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics
 from runtime.prepare import PrepareFailure, prepare
+from runtime.shardlog import EmbeddedLog, ShardLog, ShardLost
 from storage.base import StoreView
 from storage.store import Appendable, ShardStore
 
@@ -133,8 +141,10 @@ class ShardRuntime:
         config: RuntimeConfig | None = None,
         metrics: Metrics | None = None,
         logger: Logger | None = None,
+        shard_log: ShardLog | None = None,
     ) -> None:
         self.store = store
+        self.shard_log: ShardLog = shard_log or EmbeddedLog(store)
         self.destination = destination
         self.clock = clock
         self.config = config or RuntimeConfig()
@@ -161,6 +171,7 @@ class ShardRuntime:
         self._last_backlog_ms = 0
         self._tick_lock = threading.Lock()
         self.halted: BaseException | None = None
+        self.lost: ShardLost | None = None
         _describe_metrics(self.metrics)
 
     # Intake -------------------------------------------------------------------------------
@@ -169,6 +180,8 @@ class ShardRuntime:
         """Queue records to be appended as one unit; the future completes after commit."""
         if self.halted is not None:
             raise RuntimeHalted(f"runtime halted: {self.halted}")
+        if not self.shard_log.accepts_commands:
+            raise RuntimeError("this shard log takes client commands from its topic only")
         future = CommandFuture(len(items))
         with self._intake_lock:
             if self._queued + len(items) > self.config.max_queued_commands:
@@ -201,11 +214,14 @@ class ShardRuntime:
         while not self._stop.is_set():
             try:
                 sleep_s = self.tick()
+            except ShardLost as exc:
+                self._lose(exc)
+                return
             except BaseException as exc:
                 self._halt(exc)
                 return
             if sleep_s > 0:
-                self._wake.wait(sleep_s)
+                self.shard_log.wait(sleep_s, self._wake)
             self._wake.clear()
 
     def _halt(self, exc: BaseException) -> None:
@@ -217,11 +233,32 @@ class ShardRuntime:
         for _items, future in pending:
             future._fail(exc)
 
+    def _lose(self, exc: ShardLost) -> None:
+        self.lost = exc
+        self.log.warning("shard_lost", detail=str(exc))
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the shard's work after the loop stopped (revocation, a lost shard):
+        claims are dropped, nothing more is sent, queued commands fail. The open attempts
+        stay in the log for whoever owns the shard next."""
+        with self._intake_lock:
+            pending = list(self._intake)
+            self._intake.clear()
+            self._queued = 0
+        for _items, future in pending:
+            future._fail(ShardLost("the shard was let go"))
+        for claim in self.claims:
+            self.claims.drop(claim.message_id)
+        self._pending_sends = []
+        self._deferred = []
+
     def tick(self) -> float:
         """One round: gather, commit once, act on effects, send. Returns how long the
         caller may sleep before the next round. Serialised: the library calls it from
         callers' threads when no runtime thread runs."""
         with self._tick_lock:
+            self.shard_log.open()
             tick = _Tick(interval=self.clock.interval(), now_ms=self.clock.now_ms())
             try:
                 return self._tick(tick)
@@ -233,19 +270,27 @@ class ShardRuntime:
                 raise
 
     def _tick(self, tick: _Tick) -> float:
+        log = self.shard_log
         self._take_commands(tick)
-        if not self._recovered:
+        if self._recovered and not log.settled() and log.pending():
+            # A log that folds records after writing them (Kafka): fold what came back
+            # first, so this tick's discovery already sees this owner's last proposals.
+            self._commit(_Tick(interval=tick.interval, now_ms=tick.now_ms))
+        if not self._recovered and log.caught_up():
             tick.items.extend(self._recover())
             self._recovered = True
         tick.items.extend(self._collect_results())
         tick.items.extend(self._deferred)
         self._deferred = []
-        if tick.now_ms - self._last_reconcile_ms >= self.config.reconcile_interval_ms:
+        settled = self._recovered and log.settled()
+        if settled and tick.now_ms - self._last_reconcile_ms >= self.config.reconcile_interval_ms:
             self._last_reconcile_ms = tick.now_ms
             tick.items.extend(self._reconcile())
-        if self.store.meta.shard_status == "ACTIVE_FOR_COMMANDS":
+        if settled and self.store.meta.shard_status == "ACTIVE_FOR_COMMANDS":
             tick.items.extend(self._discover(tick))
-        if tick.items or self.store.log_last_position > self.store.meta.position:
+        # Sends waiting for proof that this owner still owns the shard need a write.
+        needs_proof = bool(self._pending_sends) and not log.send_allowed()
+        if tick.items or log.pending() or needs_proof:
             self._commit(tick)
         self._send_ready(tick)
         self._update_gauges(tick)
@@ -261,8 +306,8 @@ class ShardRuntime:
 
     def _commit(self, tick: _Tick) -> None:
         env = self.store.env
-        entries, results = self.store.commit(
-            tick.items, tick.now_ms, also=lambda txn: self.claims.flush(txn, env.claims)
+        entries, results = self.shard_log.commit(
+            tick.items, tick.now_ms, lambda txn: self.claims.flush(txn, env.claims)
         )
         outcomes: dict[int, EntryOutcome] = {}
         for entry, effects in results:
@@ -287,7 +332,11 @@ class ShardRuntime:
             result = record.result
             cls = type(result).__struct_config__.tag
             m.inc("nereus_outcomes_total", labels={"class": str(cls)})
-            if isinstance(result, Published) and outcome.deliver_at_ms is not None:
+            if (
+                isinstance(result, Published)
+                and outcome.deliver_at_ms is not None
+                and self._recovered  # a former owner's deliveries were observed there
+            ):
                 lag_ms = result.evidence.timestamp_ms - outcome.deliver_at_ms
                 m.observe("nereus_fire_lag_seconds", max(lag_ms, 0) / 1000)
                 if lag_ms < 0:
@@ -306,6 +355,10 @@ class ShardRuntime:
     def _act(self, effect: Effect, tick: _Tick) -> None:
         match effect:
             case Publish() as publish:
+                if not self._issued_here(publish.claim_id):
+                    # Another owner's Admission, folded while catching up on the log: its
+                    # send gate was that owner's. Recovery resolves it by evidence.
+                    return
                 claim = self.claims.get(publish.message_id)
                 if (
                     claim is None
@@ -332,9 +385,17 @@ class ShardRuntime:
                 if claim is not None and claim.generation == revoke.generation:
                     self.claims.drop(revoke.message_id, revoke.claim_id)
             case DeadLetter() as dead:
-                self._dead_letter(dead, tick)
+                if self._recovered:  # else a former owner's, written when it was folded
+                    self._dead_letter(dead, tick)
             case _:
                 pass
+
+    def _issued_here(self, claim_id: str) -> bool:
+        """Whether this runtime made the claim. An embedded log has one writer, this store,
+        so every Admission in it is ours; a Kafka shard owner names its claims with the
+        tenure's namespace."""
+        namespace = self.config.claim_namespace
+        return not namespace or claim_id.startswith(f"{self.config.owner}:{namespace}-")
 
     def _send_ready(self, tick: _Tick) -> None:
         """Hand admitted attempts to the destination once the clock proves their action time
@@ -348,6 +409,8 @@ class ShardRuntime:
                 ready.append(Send(pending.publish.attempt_id, pending.claim.prepared))
             else:
                 waiting.append(pending)
+        if ready and not self.shard_log.send_allowed():
+            return  # kept waiting until the log proves this owner still owns the shard
         self._pending_sends = waiting
         if ready:
             self.destination.submit(ready, self.clock.now_ms())
@@ -440,7 +503,11 @@ class ShardRuntime:
             if evidence is not None:
                 return evidence  # found: record it instead of risking a duplicate
         sequence = self.claims.next_sequence()
-        claim_id = f"{self.config.owner}:{sequence}"
+        # A claim namespace keeps attempt ids unique across owners that each keep their own
+        # claim sequence (a Kafka-partitioned shard moves between processes).
+        namespace = self.config.claim_namespace
+        tag = f"{namespace}-{sequence}" if namespace else str(sequence)
+        claim_id = f"{self.config.owner}:{tag}"
         if self.destination.capability != message.capability:
             return ClaimResult(
                 message.message_id,
@@ -468,7 +535,7 @@ class ShardRuntime:
                 prepared.error_code,
                 prepared.detail,
             )
-        attempt_id = f"{attempt_prefix(message.message_id, message.generation)}{sequence}"
+        attempt_id = f"{attempt_prefix(message.message_id, message.generation)}{tag}"
         claim = Claim(
             claim_id=claim_id,
             claim_sequence=sequence,
@@ -617,6 +684,11 @@ class ShardRuntime:
             value = view.get(Table.MESSAGES, str_key(mid))
         return value if isinstance(value, Message) else None
 
+    def is_recovered(self) -> bool:
+        """The log was caught up and the open attempts found at start were resolved or
+        recorded: the store is this shard's current state (up to the latest records)."""
+        return self._recovered
+
     def is_claimed(self, message: Message) -> bool:
         """In somebody's hands: claimed here, or admitted and not yet resolved."""
         claim = self.claims.get(message.message_id)
@@ -649,7 +721,11 @@ class ShardRuntime:
     def _next_sleep_s(self, tick: _Tick) -> float:
         if self._intake or self._deferred or self._pending_sends:
             return 0.0 if not self._pending_sends else 0.001
+        if self.shard_log.pending():
+            return 0.0
         max_s = self.config.idle_sleep_max_ms / 1000
+        if not (self._recovered and self.shard_log.settled()):
+            return max_s  # nothing to discover until the log catches up; wait() wakes early
         if tick.interval.earliest_ms <= -(2**61):
             return max_s
         with self.store.read() as view:

@@ -10,7 +10,7 @@ so is an older one with no migration path: guessing would corrupt it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -22,6 +22,7 @@ SCHEMA_VERSION = 1
 HEADER_KEY = b"store_header"
 SHARD_META_KEY = b"shard_meta"
 LOG_INFO_KEY = b"log_info"
+LOG_SOURCE_KEY = b"log_source"
 
 # from-version -> function migrating an open write transaction to from-version + 1
 MIGRATIONS: dict[int, Callable[[Any], None]] = {}
@@ -45,6 +46,18 @@ class LogInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     floor: int = 1
     snapshot_position: int = 0
+
+
+class LogSource(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where the shard log comes from when it is not this store's own embedded log: a Kafka
+    topic partition, and the offset of the last record folded (written in the same
+    transaction as the fold, so a restarted owner resumes at `last_offset + 1`). Absent in an
+    embedded store. `last_offset` -1: nothing folded yet."""
+
+    kind: Literal["kafka"]
+    topic: str
+    partition: int
+    last_offset: int = -1
 
 
 class PayloadBlob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

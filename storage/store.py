@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,9 +48,11 @@ from storage.errors import StoreError
 from storage.schema import (
     HEADER_KEY,
     LOG_INFO_KEY,
+    LOG_SOURCE_KEY,
     SCHEMA_VERSION,
     SHARD_META_KEY,
     LogInfo,
+    LogSource,
     PayloadBlob,
     StoreHeader,
     StoreOptions,
@@ -73,6 +75,7 @@ class ShardStore:
         self.path = env.path
         self.meta = ShardMeta()
         self.log_info = LogInfo()
+        self.source: LogSource | None = None
         self.log_last_position = 0
         self.log_last_persisted_at_ms = 0
 
@@ -185,6 +188,9 @@ class ShardStore:
                 data_file,
                 "log info",
             )
+            raw_source = txn.get(LOG_SOURCE_KEY, db=self._env.meta)
+            if raw_source is not None:
+                self.source = decode_struct(LogSource, raw_source, data_file, "log source")
             with txn.cursor(db=self._env.log) as cursor:
                 if cursor.last():
                     position = key_position(cursor.key())
@@ -331,25 +337,52 @@ class ShardStore:
             return []
         return self.apply(entries)
 
-    def apply(self, entries: Sequence[LogEntry]) -> list[Applied]:
+    def apply(
+        self,
+        entries: Sequence[LogEntry],
+        *,
+        also: Callable[[Any], None] | None = None,
+        source: LogSource | None = None,
+        payloads: Mapping[int, bytes] | None = None,
+        before_commit: Callable[[list[Applied]], None] | None = None,
+    ) -> list[Applied]:
         """Fold `entries` in one durable write transaction. Entries not yet in the local log
         (a Kafka-sourced shard) are written to it in the same transaction, so the local log
-        always covers the applied position."""
+        always covers the applied position. A Kafka-sourced shard also passes `source` (the
+        offset of the last record folded, written in the same transaction) and the payload
+        bytes its schedules carried, by position (checked by the caller against the
+        schedule's digest and size); `also` writes runtime rows (claims) in the same
+        transaction, as in `commit`. `before_commit` sees the fold's results while the
+        transaction is still open (if it raises, nothing of the batch is written)."""
         env = self._env
         with env.env.begin(write=True) as txn:
-            results, meta, logged = self._apply_in(txn, entries, mirror=True)
+            results, meta, logged = self._apply_in(txn, entries, mirror=True, payloads=payloads)
+            if source is not None:
+                txn.put(LOG_SOURCE_KEY, encode_value(source), db=env.meta)
+            if also is not None:
+                also(txn)
+            if before_commit is not None:
+                before_commit(results)
         self._appended(logged)
         self.meta = meta
+        if source is not None:
+            self.source = source
         return results
 
     def _apply_in(
-        self, txn: Any, entries: Sequence[LogEntry], *, mirror: bool = False
+        self,
+        txn: Any,
+        entries: Sequence[LogEntry],
+        *,
+        mirror: bool = False,
+        payloads: Mapping[int, bytes] | None = None,
     ) -> tuple[list[Applied], ShardMeta, list[LogEntry]]:
         """Fold entries into the transaction. With `mirror`, entries that extend the local
-        log densely are written to it, and an entry that would fold something other than what
-        the log holds at a not-yet-applied position is refused. Misplaced entries (duplicates
-        of applied positions, gaps) are not logged: the reducer rejects them without
-        consuming a position, and so must the log."""
+        log densely are written to it (with the payload bytes of their schedules, if given),
+        and an entry that would fold something other than what the log holds at a
+        not-yet-applied position is refused. Misplaced entries (duplicates of applied
+        positions, gaps) are not logged: the reducer rejects them without consuming a
+        position, and so must the log."""
         env = self._env
         results: list[Applied] = []
         logged: list[LogEntry] = []
@@ -359,6 +392,10 @@ class ShardStore:
             if mirror:
                 if entry.position == log_end + 1:
                     txn.put(position_key(entry.position), encode_entry(entry), db=env.log)
+                    if payloads is not None and isinstance(entry.record, Schedule):
+                        self._store_payload(
+                            txn, entry.record, payloads.get(entry.position), entry.position
+                        )
                     logged.append(entry)
                     log_end += 1
                 elif state.meta.position < entry.position <= log_end:

@@ -1,0 +1,526 @@
+"""The Kafka-partitioned shard log: one partition of the commands topic is one shard's log.
+
+Theory of operation (the decisions are in `specs/kafka.md`):
+
+* **Records.** Each Kafka record's value is an `Envelope` (`adapters.kafka_wire`): a request
+  id, the process to reply to (or None), the kernel `Record`, and for a schedule its payload
+  bytes. Client commands go to partition `shard_for(identity)`; an owner's system mutations
+  go to its own partition.
+* **Positions.** Offsets are not dense (transaction markers take offsets), so the kernel's
+  position is the count of committed data records in the partition (read_committed), and
+  `persisted_at_ms` is the record's broker timestamp (`LogAppendTime`, checked per record).
+  `KafkaLog` folds what it reads into the shard's LMDB store with `ShardStore.apply`, which
+  writes the Kafka offset of the last folded record (`storage.schema.LogSource`), the payload
+  bytes and the runtime's claim rows in the same transaction. A restarted owner resumes at
+  that offset + 1. A record that is not an envelope gets no position (every owner skips it
+  the same way).
+* **Writes and fencing.** System mutations (and the replies to the commands just folded, to
+  the replies topic) are produced in one Kafka transaction per tick, committed before the
+  fold's LMDB transaction (see `commit`), by a producer whose
+  `transactional.id` is tied to the shard, so `init_transactions` by a new owner aborts the
+  old owner's open transaction and fences its producer: a zombie can never again commit to
+  the partition. A fenced or otherwise fatal producer raises `ShardLost`; a transaction that
+  must be aborted is retried whole in a later tick (every record in it stays true if written
+  later: an Admission's own persistence time decides whether it qualifies).
+* **Send lease.** A send may start only within `send_lease_ms` of the start of the last
+  transaction this owner committed; while idle the owner commits a proof transaction every
+  `proof_interval_ms` (its consumer offsets, through the group coordinator, which also checks
+  that this process is still a member of the group's current generation). After a pause
+  (SIGSTOP, a stall) nothing is sent before a new commit succeeds, which a fenced zombie can
+  never do.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from adapters.kafka_wire import (
+    Envelope,
+    Reply,
+    decode_envelope,
+    encode_envelope,
+    encode_reply,
+    payload_matches,
+    watermarks,
+)
+from kernel.codes import Code
+from kernel.effects import EntryOutcome
+from kernel.records import LogEntry, Schedule
+from runtime.log import Logger, NullLogger
+from runtime.metrics import Metrics
+from runtime.shardlog import ShardLost
+from storage.errors import StoreError
+from storage.schema import LogSource
+from storage.store import Appendable, Applied, ShardStore
+
+_PROOF_OUTCOME = EntryOutcome(0, "PROOF", True, Code.UNCHANGED)
+
+# Producer errors after which this owner can never write to the partition again.
+_FENCED_CODES = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+class KafkaLogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    bootstrap: str
+    topic: str
+    partition: int
+    replies_topic: str
+    # This process's id: replies addressed to it complete locally, without the topic.
+    process_id: str
+    transactional_id_prefix: str = "nereus-shard"
+    # Replies are produced only for commands persisted this recently: an owner catching up
+    # on old history does not answer clients that stopped waiting long ago.
+    reply_window_ms: int = 60_000
+    send_lease_ms: int = 2_000
+    proof_interval_ms: int = 1_000
+    max_batch_records: int = 1_000
+    transaction_timeout_ms: int = 30_000
+    init_timeout_s: float = 30.0
+    commit_timeout_s: float = 10.0
+    retry_backoff_ms: int = 100
+    client_config: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.transactional_id_prefix}.{self.topic}.{self.partition}"
+
+
+class KafkaLog:
+    """A `runtime.shardlog.ShardLog` over one partition of the commands topic."""
+
+    accepts_commands = False
+
+    def __init__(
+        self,
+        store: ShardStore,
+        config: KafkaLogConfig,
+        *,
+        group_metadata: Callable[[], Any] | None = None,
+        on_reply: Callable[[str, EntryOutcome], None] | None = None,
+        logger: Logger | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.log = logger or NullLogger()
+        self.metrics = metrics or Metrics()
+        self._group_metadata = group_metadata
+        self._on_reply = on_reply
+        # Names this ownership tenure's own records (request ids "<tenure>:<seq>").
+        self.tenure = uuid.uuid4().hex[:10]
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._opened = False
+        self._buffer: list[Any] = []
+        self._folded_offset = -1
+        self._catchup_target: int | None = None
+        self._caught_up = False
+        self._seq = 0
+        self._committed_seq = 0
+        self._folded_own_seq = 0
+        self._unwritten: list[Appendable] = []
+        self._replies: list[tuple[str, Reply]] = []
+        self._local_replies: list[tuple[str, EntryOutcome]] = []
+        self._proof_at = float("-inf")  # monotonic start of the last committed transaction
+        self._offsets_proof_at = float("-inf")
+        self._retry_at = 0.0
+        self._undecodable = 0
+
+    # Opening ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._opened:
+            return
+        c = self.config
+        source = self.store.source
+        if source is None:
+            if self.store.meta.position != 0:
+                raise StoreError(
+                    self.store.path, "holds an embedded shard log; it cannot follow a topic"
+                )
+        elif (source.topic, source.partition) != (c.topic, c.partition):
+            raise StoreError(
+                self.store.path,
+                f"follows {source.topic}[{source.partition}], not {c.topic}[{c.partition}]",
+            )
+        self._folded_offset = source.last_offset if source is not None else -1
+        common: dict[str, Any] = {"bootstrap.servers": c.bootstrap}
+        common.update(c.client_config)
+        producer = Producer(
+            {
+                **common,
+                "client.id": f"nereus-shard-{c.partition}",
+                "transactional.id": c.transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 1,
+                "transaction.timeout.ms": c.transaction_timeout_ms,
+                "message.timeout.ms": c.transaction_timeout_ms,
+            }
+        )
+        started = time.monotonic()
+        self._init_transactions(producer)
+        self._proof_at = started
+        self._producer = producer
+        consumer = Consumer(
+            {
+                **common,
+                "client.id": f"nereus-shardlog-{c.partition}",
+                # Assigned, never subscribed nor committed with: positions live in LMDB.
+                "group.id": f"nereus-shardlog-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "error",
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        start = self._folded_offset + 1
+        if start == 0:
+            low, _high = watermarks(
+                consumer, TopicPartition(c.topic, c.partition), c.init_timeout_s
+            )
+            if low > 0:
+                consumer.close()
+                raise StoreError(
+                    self.store.path,
+                    f"{c.topic}[{c.partition}] starts at offset {low}, not 0 (retention "
+                    "deleted records): shard log positions cannot be counted from here",
+                )
+            start = OFFSET_BEGINNING
+        consumer.assign([TopicPartition(c.topic, c.partition, start)])
+        self._consumer = consumer
+        self._opened = True
+        self.log.info(
+            "shard_log_opened",
+            topic=c.topic,
+            partition=c.partition,
+            transactional_id=c.transactional_id,
+            resume_offset=self._folded_offset + 1,
+            applied_position=self.store.meta.position,
+            tenure=self.tenure,
+        )
+
+    def _init_transactions(self, producer: Any) -> None:
+        deadline = time.monotonic() + self.config.init_timeout_s
+        while True:
+            try:
+                producer.init_transactions(max(deadline - time.monotonic(), 0.1))
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.retriable() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                raise ShardLost(f"cannot take the shard's transactional id: {err}") from exc
+
+    # State --------------------------------------------------------------------------------
+
+    def caught_up(self) -> bool:
+        if not self._caught_up and self._catchup_target is not None:
+            self._caught_up = self._folded_offset >= self._catchup_target
+            if self._caught_up:
+                self.log.info(
+                    "shard_log_caught_up",
+                    partition=self.config.partition,
+                    applied_position=self.store.meta.position,
+                    offset=self._folded_offset,
+                )
+        return self._caught_up
+
+    def settled(self) -> bool:
+        return (
+            self.caught_up() and not self._unwritten and self._folded_own_seq >= self._committed_seq
+        )
+
+    def send_allowed(self) -> bool:
+        return time.monotonic() - self._proof_at < self.config.send_lease_ms / 1000
+
+    def pending(self) -> bool:
+        if not self._buffer:
+            self._fill(0)
+        if self._buffer:
+            return True
+        if time.monotonic() < self._retry_at:
+            return False
+        return bool(self._unwritten or self._replies) or self._proof_due()
+
+    def _proof_due(self) -> bool:
+        """Time to prove again that this owner still owns the shard (a heartbeat commit:
+        while idle it keeps the send lease fresh and finds out about fencing)."""
+        return (
+            self._caught_up
+            and time.monotonic() - self._proof_at >= self.config.proof_interval_ms / 1000
+        )
+
+    # Reading ------------------------------------------------------------------------------
+
+    def _fill(self, timeout_s: float) -> bool:
+        """Move what the consumer has into the buffer, waiting up to `timeout_s` for the
+        first record. True if anything (a record or the end of the partition) arrived."""
+        first = self._consumer.poll(timeout_s)
+        if first is None:
+            return False
+        room = max(self.config.max_batch_records - len(self._buffer), 1)
+        for m in [first, *self._consumer.consume(room, 0)]:
+            err = m.error()
+            if err is None:
+                self._buffer.append(m)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                if self._catchup_target is None:
+                    self._catchup_target = (
+                        self._buffer[-1].offset() if self._buffer else self._folded_offset
+                    )
+            elif err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise RuntimeError(f"cannot read {self.config.topic}: {err}")
+            else:
+                self.log.warning("shard_log_read_error", error=str(err))
+        return True
+
+    def wait(self, timeout_s: float, wake: threading.Event) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._fill(min(left, 0.05)):
+                return
+
+    # Folding ------------------------------------------------------------------------------
+
+    def _fold(
+        self,
+        now_ms: int,
+        also: Callable[[Any], None],
+        before_commit: Callable[[list[Applied]], None],
+    ) -> list[Applied]:
+        c = self.config
+        batch = self._buffer[: c.max_batch_records]
+        del self._buffer[: len(batch)]
+        entries: list[LogEntry] = []
+        payloads: dict[int, bytes] = {}
+        origin: dict[int, Envelope] = {}
+        position = self.store.meta.position
+        for m in batch:
+            ts_type, ts = m.timestamp()
+            if ts_type != TIMESTAMP_LOG_APPEND_TIME:
+                raise RuntimeError(
+                    f"{c.topic}[{c.partition}] offset {m.offset()} has no LogAppendTime "
+                    "timestamp: the broker's persistence time is the only time the shard "
+                    "log may carry (message.timestamp.type=LogAppendTime)"
+                )
+            try:
+                envelope = decode_envelope(m.value() or b"")
+            except msgspec.DecodeError as exc:
+                self._undecodable += 1
+                self.metrics.inc("nereus_shard_log_undecodable_total")
+                self.log.warning(
+                    "shard_log_record_skipped", offset=m.offset(), error=str(exc)[:200]
+                )
+                continue
+            position += 1
+            entries.append(LogEntry(position, ts, envelope.record))
+            origin[position] = envelope
+            record, payload = envelope.record, envelope.payload
+            if isinstance(record, Schedule) and payload is not None:
+                if payload_matches(record, payload):
+                    payloads[position] = payload
+                else:
+                    self.log.warning("payload_mismatch", position=position, offset=m.offset())
+
+        def replies_then_write(results: list[Applied]) -> None:
+            for entry, effects in results:
+                envelope = origin[entry.position]
+                self._own_folded(envelope.request_id)
+                reply_to = envelope.reply_to
+                if reply_to is None or entry.persisted_at_ms < now_ms - c.reply_window_ms:
+                    continue
+                outcome = effects[0]
+                assert isinstance(outcome, EntryOutcome)
+                if reply_to == c.process_id and self._on_reply is not None:
+                    self._local_replies.append((envelope.request_id, outcome))
+                else:
+                    self._replies.append((reply_to, Reply(envelope.request_id, outcome)))
+            before_commit(results)
+
+        last_offset = batch[-1].offset()
+        source = LogSource("kafka", c.topic, c.partition, last_offset)
+        results = self.store.apply(
+            entries,
+            also=also,
+            source=source,
+            payloads=payloads,
+            before_commit=replies_then_write,
+        )
+        self._folded_offset = last_offset
+        return results
+
+    def _own_folded(self, request_id: str) -> None:
+        tenure, _, seq = request_id.partition(":")
+        if tenure == self.tenure and seq.isdigit():
+            self._folded_own_seq = max(self._folded_own_seq, int(seq))
+
+    # Writing ------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        items: Sequence[Appendable],
+        now_ms: int,
+        also: Callable[[Any], None],
+    ) -> tuple[list[LogEntry], list[Applied]]:
+        """Fold what was read and write the tick's records with the replies to the folded
+        commands, in one Kafka transaction committed BEFORE the fold's store transaction:
+        a reply is a pure function of the committed log, so it may go out before this
+        owner's copy of the fold is durable, and a crash in between only repeats it (a
+        restarted owner folds the same entries again and answers again; a reply nobody
+        waits for is ignored). The other order could lose replies."""
+        if not self._buffer:
+            self._fill(0)
+        self._unwritten.extend(items)
+        lost: list[ShardLost] = []
+
+        def write(_results: list[Applied]) -> None:
+            if self._write_due():
+                failure = self._transact()
+                if failure is not None:
+                    lost.append(failure)  # raised after the fold commits: it is still true
+
+        if self._buffer:
+            # Claim rows reach the store with the fold (they only tell a restarted process
+            # which claims died with its predecessor).
+            results = self._fold(now_ms, also, write)
+        else:
+            results = []
+            write(results)
+        local, self._local_replies = self._local_replies, []
+        if self._on_reply is not None:
+            for request_id, outcome in local:
+                self._on_reply(request_id, outcome)
+        if lost:
+            raise lost[0]
+        return [], results
+
+    def _write_due(self) -> bool:
+        return time.monotonic() >= self._retry_at and bool(
+            self._unwritten or self._replies or self._proof_due() or not self.send_allowed()
+        )
+
+    def _transact(self) -> ShardLost | None:
+        """Write the unwritten records and replies in one transaction. Returns ShardLost if
+        this owner was fenced; an abortable failure is retried later."""
+        c = self.config
+        producer = self._producer
+        items, replies = self._unwritten, self._replies
+        started = time.monotonic()
+        # The consumer offsets go through the group coordinator, which checks that this
+        # process is still a member of the group's current generation (at most once per
+        # proof interval: two more round trips).
+        group = None
+        if (
+            self._group_metadata is not None
+            and started - self._offsets_proof_at >= c.proof_interval_ms / 1000
+        ):
+            group = self._group_metadata()
+        with_offsets = group is not None
+        first_seq = self._seq
+        try:
+            producer.begin_transaction()
+            for record, payload in items:
+                assert payload is None, "system mutations carry no payload"
+                self._seq += 1
+                value = encode_envelope(Envelope(f"{self.tenure}:{self._seq}", None, record))
+                producer.produce(c.topic, value=value, partition=c.partition)
+            for reply_to, reply in replies:
+                producer.produce(c.replies_topic, value=encode_reply(reply), key=reply_to)
+            if not items and not replies and not with_offsets:
+                # A proof with nothing to say: an empty transaction never reaches the
+                # coordinator, so write a reply nobody waits for.
+                proof = Reply(f"proof:{self.tenure}", _PROOF_OUTCOME)
+                producer.produce(c.replies_topic, value=encode_reply(proof), key="proof")
+            if with_offsets:
+                offsets = [TopicPartition(c.topic, c.partition, self._folded_offset + 1)]
+                producer.send_offsets_to_transaction(offsets, group, c.commit_timeout_s)
+            self._commit_transaction(producer)
+        except KafkaException as exc:
+            self._seq = first_seq
+            return self._failed(producer, exc.args[0])
+        self._proof_at = started
+        if with_offsets:
+            self._offsets_proof_at = started
+        if items:
+            self._committed_seq = self._seq
+        self._unwritten, self._replies = [], []
+        self.metrics.inc("nereus_shard_log_transactions_total", labels={"result": "committed"})
+        return None
+
+    def _commit_transaction(self, producer: Any) -> None:
+        deadline = time.monotonic() + self.config.commit_timeout_s
+        while True:
+            try:
+                producer.commit_transaction(max(deadline - time.monotonic(), 0.1))
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                retry = err.retriable() and not err.txn_requires_abort()
+                if retry and time.monotonic() < deadline:
+                    continue
+                raise
+
+    def _failed(self, producer: Any, err: Any) -> ShardLost | None:
+        """A transaction did not commit. Fenced (or fatal): the shard is lost. Abortable:
+        abort, and write the same records again after a backoff."""
+        self.metrics.inc("nereus_shard_log_transactions_total", labels={"result": "failed"})
+        if err.fatal() or err.code() in _FENCED_CODES:
+            self.log.warning("shard_log_fenced", partition=self.config.partition, error=str(err))
+            return ShardLost(f"{self.config.transactional_id}: {err}")
+        self.log.warning(
+            "shard_log_transaction_aborted",
+            partition=self.config.partition,
+            error=str(err),
+            records=len(self._unwritten),
+        )
+        try:
+            producer.abort_transaction(self.config.commit_timeout_s)
+        except KafkaException as exc:
+            return ShardLost(f"cannot abort a failed transaction: {exc.args[0]}")
+        self._retry_at = time.monotonic() + self.config.retry_backoff_ms / 1000
+        return None
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Let go of the partition. Transactions never stay open between ticks, so there is
+        nothing to abort; records not yet written are dropped (the next owner's recovery
+        resolves the attempts they would have reported)."""
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                self.log.warning("shard_log_close_failed", error=str(exc))
+            self._consumer = None
+        self._producer = None
+        self._opened = False
+        if self._unwritten:
+            self.log.info("shard_log_unwritten_dropped", records=len(self._unwritten))
+        self._unwritten, self._replies, self._buffer = [], [], []
+        self._local_replies = []

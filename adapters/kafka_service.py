@@ -1,0 +1,641 @@
+"""Kafka mode: one process among several sharing the shards of the Kafka commands topic.
+
+    service = KafkaService(KafkaServiceConfig(bootstrap="127.0.0.1:9092", data_dir="data"),
+                           clock=SystemClock(assumed_error_ms=5))
+    service.start()
+    outcomes = service.execute([schedule_record("reminders", "k", b"x", delay_ms=1000)], 30)
+
+Theory of operation (decisions in `specs/kafka.md`):
+
+* **Topics.** The commands topic's partitions are the shards (created if absent, with
+  `message.timestamp.type=LogAppendTime` and no retention, and refused at start if its
+  timestamps are not the broker's); replies travel on the replies topic.
+* **Ownership.** The process joins the consumer group on the commands topic (cooperative
+  sticky assignment; the membership consumer never fetches: its partitions are paused). Each
+  assigned partition gets a shard: its LMDB store `DATA/shard-<p>`, a `KafkaLog` (own reader,
+  transactional writer), a `KafkaDestination` and a `ShardRuntime` thread. On revocation
+  (or loss) the shard's runtime is stopped before the callback returns, its claims dropped,
+  and its store closed; only then can the group give the partition to another process. A
+  shard whose log was fenced while still assigned here is reopened after a backoff (a new
+  `init_transactions`), unless the group takes it away first.
+* **Commands.** `execute` produces each command in an envelope to its shard's partition
+  (idempotent producer) with this process as `reply_to`, and waits for the outcome: from the
+  local shard's fold when the shard is owned here, else from the replies topic, which every
+  process reads from its end (read_committed) and matches by request id. No other channel
+  between processes exists.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.cimpl import NewTopic
+
+from adapters.embedded import DEFAULT_TENANT, Peek, peek_store
+from adapters.http_api import ShardNotLocal, Unavailable
+from adapters.kafka_destination import KafkaDestination, KafkaDestinationConfig
+from adapters.kafka_log import KafkaLog, KafkaLogConfig
+from adapters.kafka_wire import (
+    Envelope,
+    command_shard,
+    decode_reply,
+    default_process_id,
+    encode_envelope,
+    shard_for,
+    watermarks,
+)
+from kernel.config import KernelConfig
+from kernel.effects import EntryOutcome
+from runtime.clock import ClockSource
+from runtime.config import RuntimeConfig
+from runtime.destination import Destination
+from runtime.log import Logger, NullLogger
+from runtime.metrics import Metrics, ScopedMetrics, drop_series
+from runtime.shard import Overloaded, ShardRuntime
+from storage.schema import StoreOptions
+from storage.store import Appendable, ShardStore
+
+# Room above the payload ceiling for the envelope (record fields, headers, framing).
+ENVELOPE_RESERVE_BYTES = 256 * 1024
+
+
+class KafkaServiceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    bootstrap: str
+    data_dir: str
+    commands_topic: str = "nereus.commands"
+    replies_topic: str = "nereus.replies"
+    group: str = "nereus-shards"
+    # Partitions of the commands topic when this process creates it. If the topic exists,
+    # its partition count is the shard count; a different explicit `shards` is refused.
+    shards: int | None = None
+    default_shards: int = 4
+    replication_factor: int = -1  # -1: the broker's default
+    process_id: str = msgspec.field(default_factory=default_process_id)
+    # queue -> destination topic (a queue not listed publishes to the topic of its name).
+    destination_topics: dict[str, str] = msgspec.field(default_factory=dict)
+    destination_linger_ms: int = 5
+    session_timeout_ms: int = 6_000
+    heartbeat_interval_ms: int = 1_000
+    max_poll_interval_ms: int = 60_000
+    reopen_backoff_ms: int = 3_000
+    reply_window_ms: int = 60_000
+    send_lease_ms: int = 2_000
+    proof_interval_ms: int = 1_000
+    replies_retention_ms: int = 3_600_000
+    admin_timeout_s: float = 30.0
+    client_config: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.outcome: EntryOutcome | None = None
+        self.error: str | None = None
+
+
+@dataclass
+class _Shard:
+    partition: int
+    store: ShardStore
+    log: KafkaLog
+    destination: Destination
+    runtime: ShardRuntime
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
+class KafkaService:
+    """A `adapters.http_api.TimerBackend` over the Kafka-partitioned shard log."""
+
+    def __init__(
+        self,
+        config: KafkaServiceConfig,
+        *,
+        clock: ClockSource,
+        kernel_config: KernelConfig | None = None,
+        runtime_config: RuntimeConfig | None = None,
+        store_options: StoreOptions | None = None,
+        destination_factory: Callable[[int], Destination] | None = None,
+        metrics: Metrics | None = None,
+        logger: Logger | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self._kernel_config = kernel_config or KernelConfig()
+        self.runtime_config = runtime_config or RuntimeConfig()
+        self.store_options = store_options
+        self._metrics = metrics or Metrics()
+        self.log = (logger or NullLogger()).bind(process=config.process_id)
+        self._destination_factory = destination_factory or self._kafka_destination
+        self.shards = 0
+        self._owned: dict[int, _Shard] = {}
+        self._assigned: set[int] = set()
+        self._reopen_at: dict[int, float] = {}
+        self._halted: dict[int, str] = {}
+        self._shards_lock = threading.Lock()
+        self._waiters: dict[str, _Waiter] = {}
+        self._waiters_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._producer: Any = None
+        self._replies: Any = None
+        self._member: Any = None
+        self._member_metadata: Any = None
+        self._started = False
+
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return self._kernel_config
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._metrics
+
+    def _common(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {"bootstrap.servers": self.config.bootstrap}
+        conf.update(self.config.client_config)
+        return conf
+
+    def _kafka_destination(self, partition: int) -> Destination:
+        return KafkaDestination(
+            KafkaDestinationConfig(
+                bootstrap=self.config.bootstrap,
+                topics=dict(self.config.destination_topics),
+                linger_ms=self.config.destination_linger_ms,
+                client_config=dict(self.config.client_config),
+            ),
+            logger=self.log.bind(shard=partition),
+        )
+
+    # Starting -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        os.makedirs(self.config.data_dir, exist_ok=True)
+        self.shards = self._ensure_topics()
+        max_bytes = self._kernel_config.max_payload_bytes + ENVELOPE_RESERVE_BYTES
+        self._producer = Producer(
+            {
+                **self._common(),
+                "client.id": "nereus-commands",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 1,
+                "message.max.bytes": max_bytes,
+            }
+        )
+        self._start_replies_reader()
+        self._spawn("nereus-kafka-producer", self._serve_producer)
+        self._spawn("nereus-kafka-replies", self._serve_replies)
+        self._spawn("nereus-kafka-group", self._serve_group)
+        self.log.info(
+            "kafka_service_started",
+            commands_topic=self.config.commands_topic,
+            shards=self.shards,
+            group=self.config.group,
+        )
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _ensure_topics(self) -> int:
+        """Create the commands and replies topics if absent; check the commands topic."""
+        c = self.config
+        admin = AdminClient({**self._common(), "client.id": "nereus-admin"})
+        wanted = c.shards or c.default_shards
+        max_bytes = self._kernel_config.max_payload_bytes + ENVELOPE_RESERVE_BYTES
+        commands = NewTopic(
+            c.commands_topic,
+            wanted,
+            c.replication_factor,
+            config={
+                "message.timestamp.type": "LogAppendTime",
+                "retention.ms": "-1",
+                "retention.bytes": "-1",
+                "cleanup.policy": "delete",
+                "max.message.bytes": str(max_bytes),
+            },
+        )
+        replies = NewTopic(
+            c.replies_topic,
+            wanted,
+            c.replication_factor,
+            config={"retention.ms": str(c.replies_retention_ms)},
+        )
+        futures = admin.create_topics([commands, replies], operation_timeout=c.admin_timeout_s)
+        for name, future in futures.items():
+            try:
+                future.result(timeout=c.admin_timeout_s)
+                self.log.info("topic_created", topic=name, partitions=wanted)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        partitions = _wait_for_leaders(admin, c.commands_topic, c.admin_timeout_s)
+        _wait_for_leaders(admin, c.replies_topic, c.admin_timeout_s)
+        if c.shards is not None and partitions != c.shards:
+            raise ValueError(
+                f"{c.commands_topic} has {partitions} partitions, not {c.shards}: the shard "
+                "count is the partition count, and changing it would move identities "
+                "between shards"
+            )
+        resource = ConfigResource(ConfigResource.Type.TOPIC, c.commands_topic)
+        entries = admin.describe_configs([resource])[resource].result(timeout=c.admin_timeout_s)
+        ts_type = entries.get("message.timestamp.type")
+        if ts_type is None or ts_type.value != "LogAppendTime":
+            raise ValueError(
+                f"{c.commands_topic} has message.timestamp.type="
+                f"{ts_type.value if ts_type is not None else '?'}: the shard log's persistence "
+                "time must be the broker's (LogAppendTime)"
+            )
+        return partitions
+
+    # Commands -----------------------------------------------------------------------------
+
+    def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
+        """Produce each command to its shard and wait for every outcome. The commands of one
+        call are independent records (several shards): a failure answers Unavailable
+        though some may have been appended; retrying a schedule with its txn is safe."""
+        if not self._started or self._producer is None:
+            raise Unavailable("the Kafka service is not started")
+        deadline = time.monotonic() + timeout_s
+        ids: list[str] = []
+        waiters: list[_Waiter] = []
+        try:
+            for record, payload in items:
+                request_id = uuid.uuid4().hex
+                waiter = _Waiter()
+                with self._waiters_lock:
+                    self._waiters[request_id] = waiter
+                ids.append(request_id)
+                waiters.append(waiter)
+                envelope = Envelope(request_id, self.config.process_id, record, payload)
+                try:
+                    self._producer.produce(
+                        self.config.commands_topic,
+                        value=encode_envelope(envelope),
+                        partition=command_shard(record, self.shards),
+                        on_delivery=self._on_delivery(request_id),
+                    )
+                except BufferError as exc:
+                    raise Overloaded("the command producer's queue is full") from exc
+                except KafkaException as exc:
+                    raise Unavailable(f"cannot produce the command: {exc.args[0]}") from exc
+            outcomes: list[EntryOutcome] = []
+            for waiter in waiters:
+                if not waiter.event.wait(max(deadline - time.monotonic(), 0)):
+                    raise TimeoutError(
+                        "no outcome in time: the command's shard may have no owner right now "
+                        "(it may still be applied; a retry with the same txn is safe)"
+                    )
+                if waiter.error is not None:
+                    raise Unavailable(waiter.error)
+                assert waiter.outcome is not None
+                outcomes.append(waiter.outcome)
+            return outcomes
+        finally:
+            with self._waiters_lock:
+                for request_id in ids:
+                    self._waiters.pop(request_id, None)
+
+    def _on_delivery(self, request_id: str) -> Callable[[Any, Any], None]:
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                self._complete(request_id, None, f"the command was not appended: {err}")
+
+        return on_delivery
+
+    def _complete(
+        self, request_id: str, outcome: EntryOutcome | None, error: str | None = None
+    ) -> None:
+        with self._waiters_lock:
+            waiter = self._waiters.get(request_id)
+        if waiter is None or waiter.event.is_set():
+            return
+        waiter.outcome, waiter.error = outcome, error
+        waiter.event.set()
+
+    def _serve_producer(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.1)
+
+    # Replies ------------------------------------------------------------------------------
+
+    def _start_replies_reader(self) -> None:
+        c = self.config
+        consumer = Consumer(
+            {
+                **self._common(),
+                "client.id": "nereus-replies",
+                "group.id": f"nereus-replies-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "latest",
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        meta = consumer.list_topics(c.replies_topic, timeout=c.admin_timeout_s)
+        partitions = sorted(meta.topics[c.replies_topic].partitions)
+        start: list[TopicPartition] = []
+        for p in partitions:
+            _low, high = watermarks(consumer, TopicPartition(c.replies_topic, p), c.admin_timeout_s)
+            start.append(TopicPartition(c.replies_topic, p, high))
+        consumer.assign(start)
+        self._replies = consumer
+
+    def _serve_replies(self) -> None:
+        consumer = self._replies
+        mine = self.config.process_id.encode()
+        while not self._stop.is_set():
+            first = consumer.poll(0.1)  # returns at the first record (consume would wait)
+            if first is None:
+                continue
+            for m in [first, *consumer.consume(500, 0)]:
+                if m.error() is not None or m.key() != mine:
+                    continue
+                try:
+                    reply = decode_reply(m.value() or b"")
+                except msgspec.DecodeError:
+                    continue
+                self._complete(reply.request_id, reply.outcome)
+
+    # Group membership and shards ----------------------------------------------------------
+
+    def _serve_group(self) -> None:
+        c = self.config
+        member = Consumer(
+            {
+                **self._common(),
+                "client.id": "nereus-member",
+                "group.id": c.group,
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": c.session_timeout_ms,
+                "heartbeat.interval.ms": c.heartbeat_interval_ms,
+                "max.poll.interval.ms": c.max_poll_interval_ms,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        self._member = member
+        member.subscribe(
+            [c.commands_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        try:
+            while not self._stop.is_set():
+                member.poll(0.2)  # serves the group protocol; its partitions stay paused
+                # Read here, in the member's own thread (the call blocks while another
+                # thread polls); shard threads use the latest copy.
+                self._member_metadata = member.consumer_group_metadata()
+                self._supervise()
+        finally:
+            self._release_all("stopping")
+            try:
+                member.close()  # leaves the group: the shards move to the others now
+            except (KafkaException, RuntimeError) as exc:
+                self.log.warning("group_leave_failed", error=str(exc))
+
+    def _group_metadata(self) -> Any:
+        return self._member_metadata
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        consumer.incremental_assign(partitions)
+        self._member_metadata = consumer.consumer_group_metadata()
+        if partitions:
+            consumer.pause(partitions)
+        for tp in partitions:
+            with self._shards_lock:
+                self._assigned.add(tp.partition)
+                self._halted.pop(tp.partition, None)
+            self._open_shard(tp.partition)
+        self.log.info("shards_assigned", added=[tp.partition for tp in partitions])
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self._let_go(partitions, "revoked")
+        consumer.incremental_unassign(partitions)
+        self.log.info("shards_revoked", removed=[tp.partition for tp in partitions])
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        self._let_go(partitions, "lost")
+        consumer.incremental_unassign(partitions)
+        self.log.warning("shards_lost", removed=[tp.partition for tp in partitions])
+
+    def _let_go(self, partitions: list[Any], reason: str) -> None:
+        """Stop each shard before the callback returns: only then may the group hand the
+        partition to another process."""
+        for tp in partitions:
+            with self._shards_lock:
+                self._assigned.discard(tp.partition)
+                self._reopen_at.pop(tp.partition, None)
+                self._halted.pop(tp.partition, None)
+            self._close_shard(tp.partition, reason)
+
+    def _open_shard(self, partition: int) -> None:
+        c = self.config
+        path = os.path.join(c.data_dir, f"shard-{partition}")
+        logger = self.log.bind(shard=partition)
+        try:
+            store = ShardStore.open(
+                path,
+                shard_id=f"kafka:{c.commands_topic}:{partition}",
+                config=self._kernel_config,
+                options=self.store_options,
+            )
+        except Exception as exc:
+            with self._shards_lock:
+                self._halted[partition] = f"cannot open {path}: {exc}"
+            logger.error("shard_open_failed", error=str(exc))
+            return
+        metrics = ScopedMetrics(self._metrics, {"shard": str(partition)})
+        kafka_log = KafkaLog(
+            store,
+            KafkaLogConfig(
+                bootstrap=c.bootstrap,
+                topic=c.commands_topic,
+                partition=partition,
+                replies_topic=c.replies_topic,
+                process_id=c.process_id,
+                reply_window_ms=c.reply_window_ms,
+                send_lease_ms=c.send_lease_ms,
+                proof_interval_ms=c.proof_interval_ms,
+                client_config=dict(c.client_config),
+            ),
+            group_metadata=self._group_metadata,
+            on_reply=self._complete,
+            logger=logger,
+            metrics=metrics,
+        )
+        try:
+            destination = self._destination_factory(partition)
+        except Exception:
+            store.close()
+            raise
+        runtime = ShardRuntime(
+            store,
+            destination,
+            self.clock,
+            config=msgspec.structs.replace(
+                self.runtime_config, owner=c.process_id, claim_namespace=kafka_log.tenure
+            ),
+            metrics=metrics,
+            logger=logger,
+            shard_log=kafka_log,
+        )
+        shard = _Shard(partition, store, kafka_log, destination, runtime)
+        with self._shards_lock:
+            self._owned[partition] = shard
+        runtime.start()
+        logger.info("shard_opened", applied_position=store.meta.position)
+
+    def _close_shard(self, partition: int, reason: str) -> None:
+        with self._shards_lock:
+            shard = self._owned.pop(partition, None)
+        if shard is None:
+            return
+        shard.runtime.stop(timeout_s=60)
+        shard.runtime.release()
+        with shard.lock:
+            shard.closed = True
+            shard.log.close()
+            shard.destination.close()
+            shard.store.close()
+        drop_series(self._metrics, {"shard": str(partition)})
+        self.log.info("shard_closed", shard=partition, reason=reason)
+
+    def _supervise(self) -> None:
+        with self._shards_lock:
+            shards = list(self._owned.values())
+        for shard in shards:
+            runtime = shard.runtime
+            if runtime.halted is not None:
+                with self._shards_lock:
+                    self._halted[shard.partition] = repr(runtime.halted)
+                self._close_shard(shard.partition, "halted")
+            elif runtime.lost is not None:
+                self._close_shard(shard.partition, "lost")
+                with self._shards_lock:
+                    if shard.partition in self._assigned:
+                        backoff = self.config.reopen_backoff_ms / 1000
+                        self._reopen_at[shard.partition] = time.monotonic() + backoff
+        now = time.monotonic()
+        with self._shards_lock:
+            for partition in [p for p in self._reopen_at if p not in self._assigned]:
+                del self._reopen_at[partition]
+            due = [p for p, at in self._reopen_at.items() if now >= at]
+            for partition in due:
+                del self._reopen_at[partition]
+        for partition in due:
+            self._open_shard(partition)
+
+    def _release_all(self, reason: str) -> None:
+        with self._shards_lock:
+            partitions = list(self._owned)
+        for partition in partitions:
+            self._close_shard(partition, reason)
+
+    # Reads --------------------------------------------------------------------------------
+
+    def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
+        partition = shard_for(tenant, queue, timer_key, self.shards)
+        with self._shards_lock:
+            shard = self._owned.get(partition)
+        if shard is None:
+            raise ShardNotLocal(f"shard {partition} is not owned by this process")
+        with shard.lock:
+            if shard.closed or not shard.runtime.is_recovered():
+                raise ShardNotLocal(f"shard {partition} is still catching up here")
+            return peek_store(shard.store, shard.runtime, queue, timer_key, tenant=tenant)
+
+    def shard_states(self) -> dict[int, str]:
+        with self._shards_lock:
+            owned = dict(self._owned)
+            assigned = set(self._assigned)
+            halted = set(self._halted)
+        states: dict[int, str] = {}
+        for partition in sorted(assigned | set(owned) | halted):
+            shard = owned.get(partition)
+            if partition in halted:
+                states[partition] = "halted"
+            elif shard is None:
+                states[partition] = "reopening"
+            elif shard.runtime.is_recovered():
+                states[partition] = "active"
+            else:
+                states[partition] = "catching_up"
+        return states
+
+    def owned_store(self, partition: int) -> ShardStore | None:
+        with self._shards_lock:
+            shard = self._owned.get(partition)
+        return None if shard is None else shard.store
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        states = self.shard_states()
+        with self._shards_lock:
+            halted = dict(self._halted)
+        ok = self._started and not halted and not self._stop.is_set()
+        return ok, {
+            "ok": ok,
+            "mode": "kafka",
+            "process": self.config.process_id,
+            "shards": self.shards,
+            "owned": {str(p): s for p, s in states.items()},
+            "halted": {str(p): e for p, e in halted.items()},
+        }
+
+    # Stopping -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the shards, leave the group (the shards move to the other processes), and
+        stop reading replies."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(90)
+        self._threads = []
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
+        if self._producer is not None:
+            self._producer.flush(5)
+            self._producer = None
+        with self._waiters_lock:
+            waiters = list(self._waiters.values())
+        for waiter in waiters:
+            if not waiter.event.is_set():
+                waiter.error = "the service is stopping"
+                waiter.event.set()
+        self.log.info("kafka_service_stopped")
+
+
+def _wait_for_leaders(admin: Any, topic: str, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            meta = admin.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            meta = None
+        if (
+            meta is not None
+            and meta.error is None
+            and meta.partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
+        ):
+            return len(meta.partitions)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"topic {topic} has no leaders after {timeout_s} s")
+        time.sleep(0.1)

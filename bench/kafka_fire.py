@@ -1,0 +1,253 @@
+"""The fire path in Kafka mode: timers published per second to Kafka, and fire lag.
+
+Needs a broker (`./scripts/kafka start`; NEREUS_KAFKA_BOOTSTRAP or --bootstrap). One
+`KafkaService` in this process owns every shard of a fresh commands topic; the destination is
+a fresh LogAppendTime topic on the same broker. Three measurements:
+
+1. throughput: N timers with one absolute deliverAt T0 are scheduled through Kafka ahead of
+   time; from T0 the service fires them all (claim, Admission transaction, read back and fold,
+   send, outcome transaction). Rate = N / (last broker timestamp - T0). Beside it, in the same
+   run, the raw rate: one idempotent confluent-kafka producer (acks=all) writing the same
+   payloads and Nereus headers to another fresh topic of the same broker, produce + flush;
+2. lateness: a thread schedules timers with delay 200 ms at a steady rate R for D seconds;
+   fire lag = the destination record's broker timestamp - deliverAt, p50/p99/max;
+3. early deliveries (must be 0).
+
+    .venv/bin/python -m bench.kafka_fire [--timers 5000] [--shards 2] [--rate 200] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from adapters.clock import SystemClock
+from adapters.embedded import schedule_record
+from adapters.kafka_service import KafkaService, KafkaServiceConfig
+from runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_GENERATION, H_MESSAGE_ID, H_TXN
+
+PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
+DEST_PARTITIONS = 2
+
+
+def _topic(bootstrap: str, prefix: str, partitions: int) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(name, partitions, 1, config={"message.timestamp.type": "LogAppendTime"})
+    admin.create_topics([topic])[name].result(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(name, timeout=5).topics.get(name)
+        if meta and meta.error is None and all(p.leader >= 0 for p in meta.partitions.values()):
+            return name
+        time.sleep(0.05)
+    raise TimeoutError(name)
+
+
+def _read(bootstrap: str, topic: str, want: int, timeout_s: float) -> list[tuple[int, int]]:
+    """(broker timestamp, deliverAt) of every record, once `want` are there."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(DEST_PARTITIONS)])
+    out: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < want and time.monotonic() < deadline:
+        for m in consumer.consume(1000, 0.2):
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(str(err))
+                continue
+            headers: dict[str, Any] = dict(m.headers() or ())
+            out.append((m.timestamp()[1], int(headers[H_DELIVER_AT])))
+    consumer.close()
+    return out
+
+
+def _pct(values: list[int], q: float) -> int:
+    return values[min(len(values) - 1, int(len(values) * q))] if values else 0
+
+
+def _service(bootstrap: str, root: str, shards: int, dest: str) -> KafkaService:
+    tag = uuid.uuid4().hex[:10]
+    service = KafkaService(
+        KafkaServiceConfig(
+            bootstrap=bootstrap,
+            data_dir=os.path.join(root, f"data-{tag}"),
+            commands_topic=f"bench-cmd-{tag}",
+            replies_topic=f"bench-rep-{tag}",
+            group=f"bench-{tag}",
+            shards=shards,
+            destination_topics={"q": dest},
+        ),
+        clock=SystemClock(assumed_error_ms=1.0),
+    )
+    service.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states = service.shard_states()
+        if len(states) == shards and set(states.values()) == {"active"}:
+            return service
+        time.sleep(0.05)
+    raise TimeoutError("shards not active")
+
+
+def throughput(bootstrap: str, root: str, timers: int, shards: int) -> dict[str, Any]:
+    dest = _topic(bootstrap, "bench-dest", DEST_PARTITIONS)
+    service = _service(bootstrap, root, shards, dest)
+    try:
+        # Every timer is due at T0, far enough ahead for the intake to finish first.
+        t_intake = time.perf_counter()
+        t0_ms = int(time.time() * 1000) + max(4000, timers // 2)
+        batch = 500
+        for start in range(0, timers, batch):
+            items = [
+                schedule_record("q", f"t{i}", PAYLOAD, deliver_at_ms=t0_ms, txn="tx")
+                for i in range(start, min(start + batch, timers))
+            ]
+            service.execute(items, 60)
+        intake_s = time.perf_counter() - t_intake
+        if int(time.time() * 1000) >= t0_ms:
+            raise RuntimeError("intake took longer than the lead: raise the lead")
+        records = _read(bootstrap, dest, timers, 600)
+    finally:
+        service.close()
+    last_ms = max(ts for ts, _ in records)
+    fire_s = (last_ms - t0_ms) / 1000
+    early = sum(1 for ts, deliver_at in records if ts < deliver_at)
+
+    raw_topic = _topic(bootstrap, "bench-raw", DEST_PARTITIONS)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    t = time.perf_counter()
+    for i in range(timers):
+        headers: list[tuple[str, str | bytes | None]] = [
+            (H_MESSAGE_ID, uuid.uuid4().hex.encode()),
+            (H_GENERATION, b"1"),
+            (H_TXN, b"tx"),
+            (H_DELIVER_AT, str(t0_ms).encode()),
+            (H_ATTEMPT_ID, f"{i}.1.1".encode()),
+        ]
+        while True:
+            try:
+                producer.produce(raw_topic, PAYLOAD, key=str(i % 5).encode(), headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(120)
+    raw_s = time.perf_counter() - t
+    return {
+        "timers": timers,
+        "shards": shards,
+        "intake_commands_per_s": round(timers / intake_s),
+        "fire_s": round(fire_s, 3),
+        "fired_per_s": round(timers / fire_s) if fire_s > 0 else None,
+        "records_seen": len(records),
+        "raw_produce_per_s": round(timers / raw_s),
+        "early": early,
+    }
+
+
+def lateness(bootstrap: str, root: str, rate: int, seconds: float, shards: int) -> dict[str, Any]:
+    dest = _topic(bootstrap, "bench-lag", DEST_PARTITIONS)
+    service = _service(bootstrap, root, shards, dest)
+    sent = 0
+    try:
+        tick_s = 0.05
+        per_tick = max(1, int(rate * tick_s))
+        start = time.perf_counter()
+        errors: list[BaseException] = []
+
+        def feed() -> None:
+            nonlocal sent
+            n = 0
+            while time.perf_counter() - start < seconds:
+                items = [
+                    schedule_record("q", f"l{n + j}", PAYLOAD, delay_ms=200, txn="tx")
+                    for j in range(per_tick)
+                ]
+                n += per_tick
+                try:
+                    service.execute(items, 60)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                sent += per_tick
+                behind = start + (n / per_tick) * tick_s - time.perf_counter()
+                if behind > 0:
+                    time.sleep(behind)
+
+        # Each execute waits for its outcomes, as an HTTP client would.
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        feeder.join()
+        if errors:
+            raise errors[0]
+        records = _read(bootstrap, dest, sent, 120)
+    finally:
+        service.close()
+    lags = sorted(ts - deliver_at for ts, deliver_at in records)
+    return {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "scheduled": sent,
+        "published": len(records),
+        "lag_ms_p50": _pct(lags, 0.50),
+        "lag_ms_p99": _pct(lags, 0.99),
+        "lag_ms_max": lags[-1] if lags else None,
+        "early": sum(1 for lag in lags if lag < 0),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bootstrap", default=os.environ.get("NEREUS_KAFKA_BOOTSTRAP", ""))
+    parser.add_argument("--timers", type=int, default=5000)
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    if not args.bootstrap:
+        print("no broker: ./scripts/kafka start, then --bootstrap or NEREUS_KAFKA_BOOTSTRAP")
+        return 2
+    with tempfile.TemporaryDirectory() as root:
+        result = {
+            "throughput": throughput(args.bootstrap, root, args.timers, args.shards),
+            "lateness": lateness(args.bootstrap, root, args.rate, args.seconds, args.shards),
+        }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The shard log port: how a tick's records reach the shard log and get folded.
+
+Theory of operation: `ShardRuntime` gathers what must enter the log (commands, outcomes,
+Admissions, claim results, expiries) and hands it to a `ShardLog`, which makes it durable
+and folds whatever became durable into the shard store, returning each folded entry with its
+effects only after the fold is committed. Two logs implement the port:
+
+* `EmbeddedLog` (the default): the log lives in the shard's own LMDB environment;
+  `commit` is `ShardStore.commit`, append and fold in one write transaction and one sync,
+  so a tick's records are folded in the same call that appended them.
+* `adapters.kafka_log.KafkaLog`: the log is a Kafka topic partition. `commit` folds what
+  the consumer has read (committed records only) and then produces the tick's records in
+  one Kafka transaction; they are folded when they come back from the consumer, in a later
+  tick. Until then `settled()` is False and the runtime proposes nothing new, so no proposal
+  is made twice. A log that has lost its ownership (a fenced producer) raises `ShardLost`.
+
+A Publish effect therefore still only arises from an Admission that the log made durable
+and the store folded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from kernel.records import LogEntry
+from storage.store import Appendable, Applied, ShardStore
+
+
+class ShardLost(RuntimeError):
+    """This process no longer owns the shard (its log writer was fenced or the shard was
+    revoked). Not a fault of the shard: the runtime stops without halting, and whoever owns
+    the shard now recovers its open attempts from the log."""
+
+
+class ShardLog(Protocol):
+    # Whether client commands may be submitted through the runtime's intake queue.
+    accepts_commands: bool
+
+    def open(self) -> None:
+        """Prepare to write (idempotent). Kafka: fence any former owner, start reading."""
+        ...
+
+    def caught_up(self) -> bool:
+        """Everything durable in the log when this owner started has been folded: open
+        attempts in the store are now exactly the ones recovery must resolve."""
+        ...
+
+    def settled(self) -> bool:
+        """Caught up, and every record this owner wrote has been folded: the store reflects
+        all of this owner's proposals, so due discovery may propose again."""
+        ...
+
+    def pending(self) -> bool:
+        """There is something to fold or to write even without new records."""
+        ...
+
+    def commit(
+        self,
+        items: Sequence[Appendable],
+        now_ms: int,
+        also: Callable[[Any], None],
+    ) -> tuple[list[LogEntry], list[Applied]]:
+        """Make `items` durable in the log and fold what became durable. Returns the entries
+        the items became (if they were folded in this call: the embedded log) and every
+        entry folded by this call with its effects, after the fold is committed. `also`
+        writes runtime rows (claims) into the fold's store transaction."""
+        ...
+
+    def send_allowed(self) -> bool:
+        """Whether a send may start now. Kafka: this owner proved recently enough that it
+        still owns the shard."""
+        ...
+
+    def wait(self, timeout_s: float, wake: threading.Event) -> None:
+        """Sleep up to `timeout_s`, returning early when `wake` is set or the log has new
+        records to fold."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedLog:
+    """The shard log in the shard store's own LMDB environment (the embedded default)."""
+
+    accepts_commands = True
+
+    def __init__(self, store: ShardStore) -> None:
+        self.store = store
+
+    def open(self) -> None:
+        return None
+
+    def caught_up(self) -> bool:
+        return True
+
+    def settled(self) -> bool:
+        return True
+
+    def pending(self) -> bool:
+        return self.store.log_last_position > self.store.meta.position
+
+    def commit(
+        self,
+        items: Sequence[Appendable],
+        now_ms: int,
+        also: Callable[[Any], None],
+    ) -> tuple[list[LogEntry], list[Applied]]:
+        return self.store.commit(items, now_ms, also=also)
+
+    def send_allowed(self) -> bool:
+        return True
+
+    def wait(self, timeout_s: float, wake: threading.Event) -> None:
+        wake.wait(timeout_s)
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,130 @@
+"""The pieces of the Kafka shard log that need no broker.
+
+* The shard of an identity is a stable function of the message id (pinned values: changing
+  it would move every timer of a running deployment to another shard).
+* Envelopes and replies round-trip; anything else is refused by the decoder.
+* `ShardStore.apply` with a `LogSource` and payload bytes writes them in the fold's
+  transaction: after a reopen the store resumes from the same offset, holds the payload
+  bytes, and its mirrored log equals the entries folded. `before_commit` sees the results
+  inside the transaction, and an exception there writes nothing.
+* The default shard log of a `ShardRuntime` is the embedded one.
+* Scoped metrics add the shard label, and `drop_series` forgets a shard's series.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from adapters.clock import SimulatedClock
+from adapters.embedded import schedule_record
+from adapters.kafka_wire import (
+    Envelope,
+    Reply,
+    decode_envelope,
+    decode_reply,
+    encode_envelope,
+    encode_reply,
+    payload_matches,
+    shard_for,
+)
+from adapters.local_destination import LocalDestination
+from kernel.codes import Code
+from kernel.effects import EntryOutcome
+from kernel.records import Cancel, LogEntry, Schedule
+from runtime.metrics import Metrics, ScopedMetrics, drop_series
+from runtime.shard import ShardRuntime
+from runtime.shardlog import EmbeddedLog
+from storage.schema import LogSource
+from storage.store import ShardStore
+
+T0_MS = 1_780_000_000_000
+
+
+def test_shard_of_an_identity_is_pinned() -> None:
+    assert [shard_for("default", "q", f"k{i}", 8) for i in range(8)] == [
+        shard_for("default", "q", f"k{i}", 8) for i in range(8)
+    ]
+    # Pinned: the message id's first 8 bytes, big-endian, mod N.
+    assert shard_for("default", "reminders", "trial:acme:day7", 4) == 1
+    assert shard_for("default", "reminders", "trial:acme:day7", 7) == 6
+    assert {shard_for("default", "q", f"k{i}", 3) for i in range(50)} == {0, 1, 2}
+
+
+def test_envelopes_and_replies_round_trip() -> None:
+    record, payload = schedule_record("q", "k", b"bytes", delay_ms=5, txn="t")
+    assert isinstance(record, Schedule) and payload is not None
+    env = Envelope("r1", "proc", record, payload)
+    assert decode_envelope(encode_envelope(env)) == env
+    assert payload_matches(record, payload) and not payload_matches(record, b"other")
+    outcome = EntryOutcome(3, "CANCEL_V1", False, Code.ABSENT, message_id="m")
+    assert decode_reply(encode_reply(Reply("r1", outcome))) == Reply("r1", outcome)
+    with pytest.raises(msgspec.DecodeError):
+        decode_envelope(b"\x00not an envelope")
+    with pytest.raises(msgspec.DecodeError):
+        decode_envelope(msgspec.msgpack.encode({"request_id": "r", "reply_to": None}))
+
+
+def test_apply_writes_the_source_offset_and_payloads_with_the_fold(tmp_path: Path) -> None:
+    path = str(tmp_path / "shard")
+    record, payload = schedule_record("q", "k", b"payload", delay_ms=1000, txn="t")
+    assert payload is not None
+    entries = [
+        LogEntry(1, T0_MS, record),
+        LogEntry(2, T0_MS + 5, Cancel("default", "q", "other")),
+    ]
+    seen: list[int] = []
+    with ShardStore.open(path, shard_id="kafka:cmd:0") as store:
+        assert store.source is None
+        source = LogSource("kafka", "cmd", 0, 41)
+        results = store.apply(
+            entries,
+            source=source,
+            payloads={1: payload},
+            before_commit=lambda res: seen.extend(e.position for e, _ in res),
+        )
+        assert [e.position for e, _ in results] == seen == [1, 2]
+        assert store.source == source
+        with pytest.raises(RuntimeError):
+            store.apply(
+                [LogEntry(3, T0_MS + 6, Cancel("default", "q", "k"))],
+                source=LogSource("kafka", "cmd", 0, 45),
+                before_commit=lambda _res: (_ for _ in ()).throw(RuntimeError("no")),
+            )
+    with ShardStore.open(path, shard_id="kafka:cmd:0", create=False) as store:
+        assert store.source == LogSource("kafka", "cmd", 0, 41)  # the failed batch left nothing
+        assert store.meta.position == 2
+        assert store.payload(hashlib.sha256(payload).hexdigest()) == payload
+        assert list(store.iter_log()) == entries
+
+
+def test_the_default_shard_log_is_embedded(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "shard"))
+    dest = LocalDestination(str(tmp_path / "dest"))
+    try:
+        runtime = ShardRuntime(store, dest, SimulatedClock(T0_MS, error_ms=1))
+        assert isinstance(runtime.shard_log, EmbeddedLog)
+        future = runtime.submit([schedule_record("q", "k", b"x", delay_ms=0)])
+        runtime.tick()
+        outcome = future.result(0)[0]
+        assert outcome.code is Code.SCHEDULED and store.meta.position == 1
+    finally:
+        dest.close()
+        store.close()
+
+
+def test_scoped_metrics_label_and_forget_a_shard() -> None:
+    root = Metrics()
+    for shard in ("0", "1"):
+        scoped = ScopedMetrics(root, {"shard": shard})
+        scoped.inc("c_total", labels={"type": "x"})
+        scoped.set("g", 2.0)
+        scoped.observe("h_seconds", 0.01)
+        assert scoped.value("g") == 2.0
+    assert root.value("c_total", {"type": "x", "shard": "1"}) == 1
+    drop_series(ScopedMetrics(root, {"shard": "0"}), {"shard": "0"})
+    text = root.render()
+    assert 'shard="0"' not in text and 'shard="1"' in text
