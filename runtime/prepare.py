@@ -44,28 +44,15 @@ def prepare(
         return PrepareFailure("payload_checksum_mismatch", "payload bytes do not match digest")
     headers: list[tuple[str, bytes]] = [(k, v.encode()) for k, v in message.headers]
     headers += [
-        (H_MESSAGE_ID, message.message_id.encode()),
-        (H_GENERATION, str(message.generation).encode()),
-        (H_TXN, message.txn.encode()),
         (H_DELIVER_AT, str(message.deliver_at_ms).encode()),
         (H_PRODUCER, producer.encode()),
     ]
     if message.producer_sub is not None:
         headers.append((H_PRODUCER_SUB, message.producer_sub.encode()))
-    topic = destination.topic_for(message.queue)
-    prepared = PreparedPublish(
-        destination=destination.name,
-        topic=topic,
-        key=message.partition_key.encode() if message.partition_key is not None else None,
-        value=payload,
-        headers=tuple(headers),
-        message_id=message.message_id,
-        generation=message.generation,
-        txn=message.txn,
-        deliver_at_ms=message.deliver_at_ms,
-        producer_sub=message.producer_sub,
-        encrypted=message.encrypted,
+    prepared = _publish(
+        message, payload, destination, destination.topic_for(message.queue), headers
     )
+    topic = prepared.topic
     limit = destination.max_record_bytes(topic)
     # The attempt-id header is added at send time; reserve room for it.
     if prepared.size_bytes() + 128 > limit:
@@ -73,3 +60,50 @@ def prepare(
             "record_too_large", f"{prepared.size_bytes()} bytes > {limit} accepted by {topic}"
         )
     return prepared
+
+
+def prepare_dead_letter(
+    message: Message,
+    payload: bytes,
+    destination: Destination,
+    *,
+    attempts_spent: int,
+    failures: int,
+    last_error: str | None,
+) -> PreparedPublish:
+    """The dead-letter copy: the same record, on `<topic>.dlq`, with its attempt history."""
+    history = [
+        ("nereus-dlq-attempts-spent", str(attempts_spent).encode()),
+        ("nereus-dlq-failures", str(failures).encode()),
+        ("nereus-dlq-last-error", (last_error or "").encode()),
+    ]
+    topic = destination.topic_for(message.queue) + ".dlq"
+    return _publish(message, payload, destination, topic, history)
+
+
+def _publish(
+    message: Message,
+    payload: bytes,
+    destination: Destination,
+    topic: str,
+    extra_headers: list[tuple[str, bytes]],
+) -> PreparedPublish:
+    """A descriptor for `message` on `topic`: identity headers first, then `extra_headers`."""
+    identity = [
+        (H_MESSAGE_ID, message.message_id.encode()),
+        (H_GENERATION, str(message.generation).encode()),
+        (H_TXN, message.txn.encode()),
+    ]
+    return PreparedPublish(
+        destination=destination.name,
+        topic=topic,
+        key=message.partition_key.encode() if message.partition_key is not None else None,
+        value=payload,
+        headers=tuple(identity + extra_headers),
+        message_id=message.message_id,
+        generation=message.generation,
+        txn=message.txn,
+        deliver_at_ms=message.deliver_at_ms,
+        producer_sub=message.producer_sub,
+        encrypted=message.encrypted,
+    )

@@ -62,11 +62,11 @@ from kernel.timing import Decision, TrustedInterval, decide
 from runtime.claims import Claim, ClaimTable
 from runtime.clock import ClockSource
 from runtime.config import RuntimeConfig
-from runtime.destination import Destination, PreparedPublish, Send
+from runtime.destination import Destination, Send
 from runtime.drr import DeficitRoundRobin
 from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics
-from runtime.prepare import PrepareFailure, prepare
+from runtime.prepare import PrepareFailure, prepare, prepare_dead_letter
 from runtime.shardlog import EmbeddedLog, ShardLog, ShardLost
 from storage.base import StoreView
 from storage.store import Appendable, ShardStore
@@ -585,12 +585,31 @@ class ShardRuntime:
     def _recover(self) -> list[Appendable]:
         """After a restart no send gate of a PUBLISHING attempt survives: resolve each by
         evidence, or record UNKNOWN. Never re-send blindly; never infer absence."""
+        return self._resolve_obligations(
+            (AttemptStatus.PUBLISHING, AttemptStatus.UNKNOWN),
+            record_unknown=True,
+            event="recovered_attempt",
+        )
+
+    def _reconcile(self) -> list[Appendable]:
+        """Look for positive evidence of UNKNOWN attempts."""
+        return self._resolve_obligations(
+            (AttemptStatus.UNKNOWN,), record_unknown=False, event="reconciled_attempt"
+        )
+
+    def _resolve_obligations(
+        self, statuses: tuple[AttemptStatus, ...], *, record_unknown: bool, event: str
+    ) -> list[Appendable]:
+        """Outcomes for open attempts in `statuses`: PUBLISHED where the destination shows
+        the attempt; with `record_unknown`, UNKNOWN for a PUBLISHING attempt it does not."""
         items: list[Appendable] = []
         with self.store.read() as view:
             for key, ob in view.items(Table.OBLIGATIONS):
                 assert isinstance(ob, Obligation)
                 attempt = view.get(Table.ATTEMPTS, key)
                 assert isinstance(attempt, Attempt)
+                if attempt.status not in statuses:
+                    continue
                 message = view.get(Table.MESSAGES, str_key(ob.message_id))
                 assert isinstance(message, Message)
                 found = self.destination.find(
@@ -601,45 +620,16 @@ class ShardRuntime:
                 result: Published | Unknown
                 if found is not None:
                     result = Published(found)
-                elif attempt.status is AttemptStatus.PUBLISHING:
+                elif record_unknown and attempt.status is AttemptStatus.PUBLISHING:
                     result = Unknown(
                         "send_gate_lost", "the owner restarted before this attempt's outcome"
                     )
                 else:
                     continue
-                self.log.info(
-                    "recovered_attempt", attempt_id=attempt.attempt_id, result=type(result).__name__
-                )
+                self.log.info(event, attempt_id=attempt.attempt_id, result=type(result).__name__)
                 items.append(
                     (PublishOutcome(attempt.attempt_id, ob.message_id, ob.generation, result), None)
                 )
-        return items
-
-    def _reconcile(self) -> list[Appendable]:
-        """Look for positive evidence of UNKNOWN attempts."""
-        items: list[Appendable] = []
-        with self.store.read() as view:
-            for key, ob in view.items(Table.OBLIGATIONS):
-                assert isinstance(ob, Obligation)
-                attempt = view.get(Table.ATTEMPTS, key)
-                if not isinstance(attempt, Attempt) or attempt.status is not AttemptStatus.UNKNOWN:
-                    continue
-                message = view.get(Table.MESSAGES, str_key(ob.message_id))
-                assert isinstance(message, Message)
-                found = self.destination.find(
-                    attempt.attempt_id,
-                    self.destination.topic_for(message.queue),
-                    ob.admitted_at_ms,
-                )
-                if found is not None:
-                    items.append(
-                        (
-                            PublishOutcome(
-                                attempt.attempt_id, ob.message_id, ob.generation, Published(found)
-                            ),
-                            None,
-                        )
-                    )
         return items
 
     # Dead letters -------------------------------------------------------------------------
@@ -649,27 +639,15 @@ class ShardRuntime:
             message = view.get(Table.MESSAGES, str_key(dead.message_id))
             assert isinstance(message, Message)
             payload = view.payload(message.payload_digest) or b""
-        topic = self.destination.topic_for(message.queue) + ".dlq"
-        prepared = PreparedPublish(
-            destination=self.destination.name,
-            topic=topic,
-            key=message.partition_key.encode() if message.partition_key is not None else None,
-            value=payload,
-            headers=(
-                ("nereus-message-id", message.message_id.encode()),
-                ("nereus-generation", str(message.generation).encode()),
-                ("nereus-txn", message.txn.encode()),
-                ("nereus-dlq-attempts-spent", str(dead.attempts_spent).encode()),
-                ("nereus-dlq-failures", str(dead.failures).encode()),
-                ("nereus-dlq-last-error", (dead.last_error or "").encode()),
-            ),
-            message_id=message.message_id,
-            generation=message.generation,
-            txn=message.txn,
-            deliver_at_ms=message.deliver_at_ms,
-            producer_sub=message.producer_sub,
-            encrypted=message.encrypted,
+        prepared = prepare_dead_letter(
+            message,
+            payload,
+            self.destination,
+            attempts_spent=dead.attempts_spent,
+            failures=dead.failures,
+            last_error=dead.last_error,
         )
+        topic = prepared.topic
         attempt_id = f"{attempt_prefix(message.message_id, message.generation)}dlq"
         self._dlq_inflight.add(attempt_id)
         self.destination.submit([Send(attempt_id, prepared)], tick.now_ms)
