@@ -24,6 +24,7 @@ runtime stops without halting and drops its claims.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -169,6 +170,7 @@ class ShardRuntime:
         self._recovered = False
         self._last_reconcile_ms = 0
         self._last_backlog_ms = 0
+        self._reconcile_after: bytes | None = None
         self._tick_lock = threading.Lock()
         self.halted: BaseException | None = None
         self.lost: ShardLost | None = None
@@ -593,18 +595,39 @@ class ShardRuntime:
 
     def _reconcile(self) -> list[Appendable]:
         """Look for positive evidence of UNKNOWN attempts."""
+        deadline = time.monotonic() + self.config.reconcile_budget_ms / 1000
         return self._resolve_obligations(
-            (AttemptStatus.UNKNOWN,), record_unknown=False, event="reconciled_attempt"
+            (AttemptStatus.UNKNOWN,),
+            record_unknown=False,
+            event="reconciled_attempt",
+            deadline=deadline,
         )
 
     def _resolve_obligations(
-        self, statuses: tuple[AttemptStatus, ...], *, record_unknown: bool, event: str
+        self,
+        statuses: tuple[AttemptStatus, ...],
+        *,
+        record_unknown: bool,
+        event: str,
+        deadline: float | None = None,
     ) -> list[Appendable]:
         """Outcomes for open attempts in `statuses`: PUBLISHED where the destination shows
-        the attempt; with `record_unknown`, UNKNOWN for a PUBLISHING attempt it does not."""
+        the attempt; with `record_unknown`, UNKNOWN for a PUBLISHING attempt it does not.
+        With a `deadline` (time.monotonic), stop looking once it passes and continue after
+        the last attempt looked at next time: a slow or unreachable destination must not hold
+        the loop for one lookup per open attempt."""
         items: list[Appendable] = []
+        after = self._reconcile_after if deadline is not None else None
+        self._reconcile_after = None
+        last_done = after
         with self.store.read() as view:
             for key, ob in view.items(Table.OBLIGATIONS):
+                if after is not None and key <= after:
+                    continue
+                if deadline is not None and time.monotonic() > deadline:
+                    self._reconcile_after = last_done
+                    break
+                last_done = key
                 assert isinstance(ob, Obligation)
                 attempt = view.get(Table.ATTEMPTS, key)
                 assert isinstance(attempt, Attempt)
