@@ -171,6 +171,7 @@ class ShardRuntime:
         self._last_reconcile_ms = 0
         self._last_backlog_ms = 0
         self._reconcile_after: bytes | None = None
+        self._admitted_claims: set[str] = set()
         self._tick_lock = threading.Lock()
         self.halted: BaseException | None = None
         self.lost: ShardLost | None = None
@@ -274,6 +275,7 @@ class ShardRuntime:
     def _tick(self, tick: _Tick) -> float:
         log = self.shard_log
         self._take_commands(tick)
+        self._expire_claims(tick)
         if self._recovered and not log.settled() and log.pending():
             # A log that folds records after writing them (Kafka): fold what came back
             # first, so this tick's discovery already sees this owner's last proposals.
@@ -297,6 +299,17 @@ class ShardRuntime:
         self._send_ready(tick)
         self._update_gauges(tick)
         return self._next_sleep_s(tick)
+
+    def _expire_claims(self, tick: _Tick) -> None:
+        """A claim whose Admission has not come back by its deadline is revoked: its work
+        returns to the timeline for a later claim. A claim whose Admission won is the
+        attempt's send gate and is never revoked by time."""
+        for claim in self.claims:
+            if claim.deadline_ms < tick.now_ms and claim.claim_id not in self._admitted_claims:
+                self.claims.drop(claim.message_id, claim.claim_id)
+                self.log.info("claim_deadline_passed", claim_id=claim.claim_id)
+        live = {claim.claim_id for claim in self.claims}
+        self._admitted_claims &= live
 
     def _take_commands(self, tick: _Tick) -> None:
         with self._intake_lock:
@@ -381,6 +394,7 @@ class ShardRuntime:
                     )
                     return
                 assert claim.prepared.descriptor_hash() == publish.descriptor_hash
+                self._admitted_claims.add(claim.claim_id)
                 self._pending_sends.append(_PendingSend(claim, publish))
             case RevokeClaim() as revoke:
                 claim = self.claims.get(revoke.message_id)
