@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import selectors
 import signal
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from kernel.records import PublishOutcome, Unknown
 from replay.fold import replay
 from storage.store import ShardStore
 from tests.service_worker import MARKER_PREFIX, OUTCOMES, QUEUES
+from tests.worker_process import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 ITERATIONS = int(os.environ.get("NEREUS_SERVICE_CRASH_ITERATIONS", "8"))
@@ -74,20 +74,6 @@ def _start(data: Path, seed: int, *extra: str) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], where: str) -> None:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        if not selector.select(READY_TIMEOUT_S):
-            proc.kill()
-            _, err = proc.communicate()
-            raise AssertionError(f"{where}: worker never became ready: {err.decode()[-2000:]}")
-    line = proc.stdout.readline()
-    if line.strip() != b"ready":
-        _, err = proc.communicate()
-        raise AssertionError(f"{where}: worker failed to start: {line!r} {err.decode()[-2000:]}")
 
 
 def _read_outcomes(data: Path) -> list[dict[str, Any]]:
@@ -271,7 +257,7 @@ def test_sigkill_during_a_steady_workload_loses_nothing_and_never_sends_early(
         where = f"seed={seed} iteration={iteration} (rerun with NEREUS_SERVICE_CRASH_SEED={seed})"
         proc = _start(data, seed * 1_000 + iteration)
         try:
-            _wait_ready(proc, where)
+            wait_ready(proc, where, READY_TIMEOUT_S)
             time.sleep(rng.uniform(0.15, 1.2))
             assert proc.poll() is None, f"{where}: worker exited early: {proc.communicate()}"
             proc.send_signal(signal.SIGKILL)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import selectors
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from kernel.digest import state_digest
 from replay.fold import replay
 from storage.store import ShardStore
 from tests.crash_worker import CONFIG, store_problems
+from tests.worker_process import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 ITERATIONS = int(os.environ.get("NEREUS_CRASH_ITERATIONS", "12"))
@@ -44,20 +44,6 @@ def _start_worker(path: Path, seed: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], where: str) -> None:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        if not selector.select(READY_TIMEOUT_S):
-            proc.kill()
-            _, err = proc.communicate()
-            raise AssertionError(f"{where}: worker never became ready: {err.decode()}")
-    line = proc.stdout.readline()
-    if line.strip() != b"ready":
-        _, err = proc.communicate()
-        raise AssertionError(f"{where}: worker failed to start: {line!r} {err.decode()}")
 
 
 def _check_store(path: Path, where: str) -> int:
@@ -92,7 +78,7 @@ def test_sigkill_at_random_moments_leaves_the_replay_of_the_durable_log(tmp_path
         where = f"seed={seed} iteration={iteration} (rerun with NEREUS_CRASH_SEED={seed})"
         proc = _start_worker(path, seed * 1_000 + iteration)
         try:
-            _wait_ready(proc, where)
+            wait_ready(proc, where, READY_TIMEOUT_S)
             time.sleep(rng.uniform(0.05, 0.6))
             # A worker that died by itself would make the kill meaningless.
             assert proc.poll() is None, f"{where}: worker exited early: {proc.communicate()}"
