@@ -138,7 +138,58 @@ def schedule_record(
     return record, payload
 
 
-class Nereus:
+class TimerCommands:
+    """schedule / reschedule / cancel built as records and run by `_run`, which each mode
+    implements: the embedded shard commits them itself, the Kafka mode produces them to the
+    commands topic (`adapters.kafka_library.KafkaNereus`)."""
+
+    def _run(self, items: Sequence[Appendable]) -> list[EntryOutcome]:
+        raise NotImplementedError
+
+    def schedule(self, queue: str, timer_key: str, payload: bytes, **options: Any) -> Result:
+        item = schedule_record(queue, timer_key, payload, **options)
+        return to_result(self._run([item])[0], queue, timer_key)
+
+    def reschedule(
+        self,
+        queue: str,
+        timer_key: str,
+        *,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+        expire_at_ms: int | None = None,
+        lifetime_ms: int | None = None,
+        txn: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+        expected_version: int | None = None,
+    ) -> Result:
+        record = Reschedule(
+            tenant=tenant,
+            queue=queue,
+            timer_key=timer_key,
+            txn=txn or uuid.uuid4().hex,
+            deliver_at_ms=deliver_at_ms,
+            delay_ms=delay_ms if delay_ms is not None or deliver_at_ms is not None else 0,
+            expire_at_ms=expire_at_ms,
+            lifetime_ms=lifetime_ms,
+            expected_version=expected_version,
+        )
+        return to_result(self._run([(record, None)])[0], queue, timer_key)
+
+    def cancel(
+        self,
+        queue: str,
+        timer_key: str,
+        *,
+        txn: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+        expected_version: int | None = None,
+    ) -> Result:
+        record = Cancel(tenant, queue, timer_key, expected_version=expected_version, txn=txn)
+        return to_result(self._run([(record, None)])[0], queue, timer_key)
+
+
+class Nereus(TimerCommands):
     def __init__(self, store: ShardStore, destination: Destination, runtime: ShardRuntime) -> None:
         self.store = store
         self.destination = destination
@@ -224,48 +275,6 @@ class Nereus:
                 self.runtime.tick()
             return future.result(0)
         return self.runtime.execute(items)
-
-    def schedule(self, queue: str, timer_key: str, payload: bytes, **options: Any) -> Result:
-        item = schedule_record(queue, timer_key, payload, **options)
-        return to_result(self._run([item])[0], queue, timer_key)
-
-    def reschedule(
-        self,
-        queue: str,
-        timer_key: str,
-        *,
-        delay_ms: int | None = None,
-        deliver_at_ms: int | None = None,
-        expire_at_ms: int | None = None,
-        lifetime_ms: int | None = None,
-        txn: str | None = None,
-        tenant: str = DEFAULT_TENANT,
-        expected_version: int | None = None,
-    ) -> Result:
-        record = Reschedule(
-            tenant=tenant,
-            queue=queue,
-            timer_key=timer_key,
-            txn=txn or uuid.uuid4().hex,
-            deliver_at_ms=deliver_at_ms,
-            delay_ms=delay_ms if delay_ms is not None or deliver_at_ms is not None else 0,
-            expire_at_ms=expire_at_ms,
-            lifetime_ms=lifetime_ms,
-            expected_version=expected_version,
-        )
-        return to_result(self._run([(record, None)])[0], queue, timer_key)
-
-    def cancel(
-        self,
-        queue: str,
-        timer_key: str,
-        *,
-        txn: str | None = None,
-        tenant: str = DEFAULT_TENANT,
-        expected_version: int | None = None,
-    ) -> Result:
-        record = Cancel(tenant, queue, timer_key, expected_version=expected_version, txn=txn)
-        return to_result(self._run([(record, None)])[0], queue, timer_key)
 
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
         return peek_store(self.store, self.runtime, queue, timer_key, tenant=tenant)
