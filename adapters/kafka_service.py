@@ -75,6 +75,10 @@ class KafkaServiceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     commands_topic: str = "nereus.commands"
     replies_topic: str = "nereus.replies"
     group: str = "nereus-shards"
+    # False: a client only (commands out, outcomes back through the replies topic); it joins
+    # no group and never owns a shard, e.g. an application embedding the library beside the
+    # `nereus serve --kafka` processes that own the shards.
+    own_shards: bool = True
     # Partitions of the commands topic when this process creates it. If the topic exists,
     # its partition count is the shard count; a different explicit `shards` is refused.
     shards: int | None = None
@@ -183,7 +187,8 @@ class KafkaService:
         if self._started:
             return
         self._started = True
-        os.makedirs(self.config.data_dir, exist_ok=True)
+        if self.config.own_shards:
+            os.makedirs(self.config.data_dir, exist_ok=True)
         self.shards = self._ensure_topics()
         max_bytes = self._kernel_config.max_payload_bytes + ENVELOPE_RESERVE_BYTES
         self._producer = Producer(
@@ -199,12 +204,13 @@ class KafkaService:
         self._start_replies_reader()
         self._spawn("nereus-kafka-producer", self._serve_producer)
         self._spawn("nereus-kafka-replies", self._serve_replies)
-        self._spawn("nereus-kafka-group", self._serve_group)
+        if self.config.own_shards:
+            self._spawn("nereus-kafka-group", self._serve_group)
         self.log.info(
             "kafka_service_started",
             commands_topic=self.config.commands_topic,
             shards=self.shards,
-            group=self.config.group,
+            group=self.config.group if self.config.own_shards else None,
         )
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
