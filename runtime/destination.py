@@ -26,6 +26,8 @@ H_TXN = "nereus-txn"
 H_DELIVER_AT = "nereus-deliver-at"
 H_PRODUCER = "nereus-producer"
 H_PRODUCER_SUB = "nereus-producer-sub"
+# On records whose value is an encryption envelope (adapters/crypto.py); value: the algorithm.
+H_ENCRYPTION = "nereus-encryption"
 
 
 class PreparedPublish(msgspec.Struct, frozen=True):

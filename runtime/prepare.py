@@ -4,7 +4,9 @@ Theory of operation: everything that can be proven wrong before a send is checke
 permanent problem becomes a CLAIM_RESULT_V1 in the log instead of a failed attempt: payload
 bytes missing, not matching their digest or size, or a record larger than the destination
 accepts. Nereus's own headers carry the identity and evidence keys (message id, generation,
-txn, producer); the attempt id header is added at send time.
+txn, producer); the attempt id header is added at send time. A message scheduled with
+`encrypted` holds an envelope (adapters/crypto.py), delivered unchanged with the
+`nereus-encryption` header on it and on its dead-letter copy.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from kernel.model import Message
 from runtime.destination import (
     H_DELIVER_AT,
+    H_ENCRYPTION,
     H_GENERATION,
     H_MESSAGE_ID,
     H_PRODUCER,
@@ -23,6 +26,9 @@ from runtime.destination import (
     Destination,
     PreparedPublish,
 )
+
+# The envelope format of adapters/crypto.py; named here so the runtime does not import adapters.
+ENCRYPTION_ALGORITHM = "aes-256-gcm"
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,10 @@ def _publish(
         (H_GENERATION, str(message.generation).encode()),
         (H_TXN, message.txn.encode()),
     ]
+    if message.encrypted:
+        # Here, not in prepare(): the dead-letter copy carries the same envelope, and a
+        # consumer of either must know the value is not the clear payload.
+        identity.append((H_ENCRYPTION, ENCRYPTION_ALGORITHM.encode()))
     return PreparedPublish(
         destination=destination.name,
         topic=topic,

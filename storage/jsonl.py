@@ -58,7 +58,9 @@ class JsonlLog:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        with open(path, encoding="utf-8") as f:
+        # Bytes, not text: msgspec refuses invalid UTF-8 as a DecodeError, which becomes the
+        # StoreError below, where a text-mode read would raise UnicodeDecodeError instead.
+        with open(path, "rb") as f:
             first = f.readline()
         try:
             self.header = msgspec.json.decode(first, type=LogHeader)
@@ -79,7 +81,7 @@ class JsonlLog:
 
     def entries(self, from_position: int = 1, to_position: int | None = None) -> Iterator[LogEntry]:
         expected = self.header.first_position
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, "rb") as f:
             f.readline()
             for line_no, line in enumerate(f, start=2):
                 if not line.strip():

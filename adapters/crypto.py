@@ -1,0 +1,236 @@
+"""Payload encryption at schedule: AES-256-GCM envelopes bound to one timer.
+
+    import base64, os
+    from adapters.crypto import Keyring, open_envelope, seal
+
+    keyring = Keyring({"k1": base64.b64encode(os.urandom(32)).decode()})
+    ident = {"tenant": "acme", "queue": "reminders", "timer_key": "trial:acme:day7"}
+    envelope = seal(keyring, "k1", b'{"kind":"day7"}', **ident)
+    assert envelope.startswith(b"NRE1")
+    assert open_envelope(keyring, envelope, **ident) == b'{"kind":"day7"}'
+
+Theory of operation: a queue with an encryption key has its payload sealed when the timer is
+scheduled, so the store, the log, exports and peeks only ever hold the envelope; the
+destination receives the envelope unchanged (with the header `nereus-encryption`) and the
+consumer opens it with the same keyring. Nereus itself never decrypts.
+
+Envelope bytes::
+
+    b"NRE1" | key-id length (1 byte, 1..64) | key id (ASCII) | nonce (12) | ciphertext || tag (16)
+
+The associated data is the envelope header (magic, key-id length, key id) followed by the
+tenant, queue and timer key, each UTF-8 with a 4-byte big-endian length prefix. So an envelope
+authenticates only for the timer it was sealed for and under the key id it names; moving it to
+another timer, relabelling it with another key id, or changing any byte fails authentication.
+
+Declared consequence of rotation: a key replaced under the same id (or removed) between
+schedule and fire leaves the records sealed under the old key undecryptable with the new
+keyring. Rotate by adding a new key id and sealing with it; keep the old id until the timers
+sealed under it have been delivered and consumed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import struct
+from collections.abc import Iterator, Mapping
+from typing import Literal, NamedTuple
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+__all__ = [
+    "ALGORITHM",
+    "ENVELOPE_OVERHEAD_BYTES",
+    "KEY_BYTES",
+    "MAGIC",
+    "NONCE_BYTES",
+    "TAG_BYTES",
+    "EnvelopeError",
+    "Keyring",
+    "ParsedEnvelope",
+    "open_envelope",
+    "parse_envelope",
+    "seal",
+]
+
+ALGORITHM = "aes-256-gcm"
+MAGIC = b"NRE1"
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+MAX_KEY_ID_LENGTH = 64
+
+# fullmatch, not `$`: `$` would let a trailing newline through.
+_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# The shortest well-formed envelope: a one-character key id and an empty payload.
+_MIN_ENVELOPE = len(MAGIC) + 1 + 1 + NONCE_BYTES + TAG_BYTES
+
+EnvelopeReason = Literal["not_an_envelope", "unknown_key_id", "authentication_failed"]
+
+
+class EnvelopeError(ValueError):
+    """An envelope that cannot be opened. `reason` is one of `not_an_envelope`,
+    `unknown_key_id` or `authentication_failed` (wrong or rotated key, an envelope moved to
+    another timer, or tampered bytes: GCM cannot tell these apart, by design)."""
+
+    def __init__(self, reason: EnvelopeReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason: EnvelopeReason = reason
+        self.detail = detail
+
+
+class ParsedEnvelope(NamedTuple):
+    key_id: str
+    nonce: bytes
+    ciphertext: bytes  # includes the 16-byte tag
+
+
+def _check_key_id(key_id: object) -> str:
+    if not isinstance(key_id, str):
+        raise ValueError(f"key id {key_id!r}: must be a string")
+    if _KEY_ID.fullmatch(key_id) is None:
+        # Truncated: an overlong "id" might be key material pasted into the wrong place.
+        shown = key_id if len(key_id) <= MAX_KEY_ID_LENGTH else key_id[:16] + "..."
+        raise ValueError(
+            f"key id {shown!r}: must be 1..{MAX_KEY_ID_LENGTH} characters from [A-Za-z0-9._-]"
+        )
+    return key_id
+
+
+def ENVELOPE_OVERHEAD_BYTES(key_id: str) -> int:  # noqa: N802 - a size constant per key id
+    """How many bytes sealing adds to a payload under `key_id`."""
+    return len(MAGIC) + 1 + len(_check_key_id(key_id)) + NONCE_BYTES + TAG_BYTES
+
+
+class Keyring:
+    """Named AES-256 keys, from `{key_id: base64 of 32 bytes}`. Never prints key material."""
+
+    def __init__(self, keys: Mapping[str, str]) -> None:
+        ciphers: dict[str, AESGCM] = {}
+        for key_id, encoded in keys.items():
+            _check_key_id(key_id)
+            if not isinstance(encoded, str):
+                raise ValueError(f"key {key_id!r}: must be a base64 string")
+            try:
+                # validate=True: silently skipping junk characters would hide a mangled key.
+                raw = base64.b64decode(encoded.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                # `from None`: the decoder's context is noise and must not carry the input.
+                raise ValueError(f"key {key_id!r}: not valid base64") from None
+            if len(raw) != KEY_BYTES:
+                raise ValueError(
+                    f"key {key_id!r}: decodes to {len(raw)} bytes, AES-256 needs {KEY_BYTES}"
+                )
+            ciphers[key_id] = AESGCM(raw)
+        self._ciphers = ciphers
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(self._ciphers))
+
+    def __contains__(self, key_id: object) -> bool:
+        return key_id in self._ciphers
+
+    def __len__(self) -> int:
+        return len(self._ciphers)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.key_ids)
+
+    def __repr__(self) -> str:
+        return f"Keyring(key_ids={list(self.key_ids)!r})"
+
+    def _cipher(self, key_id: str) -> AESGCM | None:
+        return self._ciphers.get(key_id)
+
+
+def _header(key_id: str) -> bytes:
+    kid = key_id.encode("ascii")
+    return MAGIC + bytes([len(kid)]) + kid
+
+
+def _associated_data(header: bytes, tenant: str, queue: str, timer_key: str) -> bytes:
+    # Length prefixes make the encoding injective: ("a:b", "c") and ("a", "b:c") differ.
+    parts = [header]
+    for field in (tenant, queue, timer_key):
+        encoded = field.encode("utf-8")
+        parts.append(struct.pack(">I", len(encoded)))
+        parts.append(encoded)
+    return b"".join(parts)
+
+
+def seal(
+    keyring: Keyring,
+    key_id: str,
+    payload: bytes,
+    *,
+    tenant: str,
+    queue: str,
+    timer_key: str,
+) -> bytes:
+    """The envelope of `payload` under `key_id`, bound to (tenant, queue, timer_key)."""
+    cipher = keyring._cipher(_check_key_id(key_id))
+    if cipher is None:
+        raise ValueError(f"key id {key_id!r}: not in the keyring")
+    header = _header(key_id)
+    # A fresh random nonce per seal: with 96 bits, a collision under one key stays negligible
+    # far beyond any realistic number of timers (birthday bound ~2^48 seals).
+    nonce = os.urandom(NONCE_BYTES)
+    aad = _associated_data(header, tenant, queue, timer_key)
+    return header + nonce + cipher.encrypt(nonce, bytes(payload), aad)
+
+
+def parse_envelope(envelope: bytes) -> ParsedEnvelope:
+    """Split an envelope into (key id, nonce, ciphertext with tag) without any key.
+    Raises `EnvelopeError("not_an_envelope", ...)` when the framing is wrong."""
+    data = bytes(envelope)
+    if len(data) < _MIN_ENVELOPE:
+        raise EnvelopeError(
+            "not_an_envelope", f"{len(data)} bytes, shorter than any envelope ({_MIN_ENVELOPE})"
+        )
+    if data[: len(MAGIC)] != MAGIC:
+        raise EnvelopeError("not_an_envelope", f"does not start with {MAGIC!r}")
+    kid_len = data[len(MAGIC)]
+    if not 1 <= kid_len <= MAX_KEY_ID_LENGTH:
+        raise EnvelopeError("not_an_envelope", f"key id length {kid_len} out of range")
+    start = len(MAGIC) + 1
+    nonce_at = start + kid_len
+    body_at = nonce_at + NONCE_BYTES
+    if len(data) < body_at + TAG_BYTES:
+        raise EnvelopeError("not_an_envelope", f"truncated: {len(data)} bytes")
+    kid = data[start:nonce_at]
+    # Decode as latin-1 only to test the characters; ASCII-only ids make it exact.
+    key_id = kid.decode("latin-1")
+    if _KEY_ID.fullmatch(key_id) is None:
+        raise EnvelopeError("not_an_envelope", "key id has characters outside [A-Za-z0-9._-]")
+    return ParsedEnvelope(key_id, data[nonce_at:body_at], data[body_at:])
+
+
+def open_envelope(
+    keyring: Keyring,
+    envelope: bytes,
+    *,
+    tenant: str,
+    queue: str,
+    timer_key: str,
+) -> bytes:
+    """The payload sealed in `envelope` for (tenant, queue, timer_key), or `EnvelopeError`."""
+    key_id, nonce, ciphertext = parse_envelope(envelope)
+    cipher = keyring._cipher(key_id)
+    if cipher is None:
+        raise EnvelopeError(
+            "unknown_key_id", f"key id {key_id!r} is not in the keyring {list(keyring.key_ids)}"
+        )
+    aad = _associated_data(_header(key_id), tenant, queue, timer_key)
+    try:
+        return cipher.decrypt(nonce, ciphertext, aad)
+    except InvalidTag:
+        raise EnvelopeError(
+            "authentication_failed",
+            f"under key id {key_id!r}: wrong or rotated key, an envelope sealed for another "
+            "(tenant, queue, timerKey), or altered bytes",
+        ) from None
