@@ -1,0 +1,84 @@
+"""`python -m sim --seeds N [--seed S] [--steps K] [-v] [--sync]`: run seeds S .. S+N-1.
+
+Prints one summary line of figures at the end (for the reliability report). On the first
+failing seed it prints the failure and a one-line reproduce command and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+
+from sim import DEFAULT_STEPS, SimFailure, run_seed
+
+
+def summary(figures: Counter[str], seconds: float) -> str:
+    """The figures a reliability report quotes, on one line."""
+    crashes = {k[6:]: v for k, v in sorted(figures.items()) if k.startswith("crash_")}
+    faults = {
+        "retriable": figures["send_retriable"],
+        "permanent": figures["send_permanent"],
+        "lane_unavailable": figures["send_lane_unavailable"],
+        "timeout_after_write": figures["send_timeout_after_write"],
+        "timeout_before_write": figures["send_timeout_before_write"],
+        "duplicate_report": figures["fault_duplicate_report"],
+        "slow_ack": figures["fault_slow_ack"],
+        "find_miss": figures["fault_find_miss"],
+    }
+    clock = {
+        "steps": figures["clock_step"],
+        "backwards": figures["clock_step_backwards"],
+        "sync_lost": figures["clock_lose_sync"],
+        "error_grown": figures["clock_grow"],
+        "resync": figures["clock_resync"],
+    }
+    ends = {k[6:]: v for k, v in sorted(figures.items()) if k.startswith("final_")}
+    parts = [
+        f"seeds={figures['seeds']}",
+        f"steps={figures['steps']}",
+        f"ticks={figures['ticks']}",
+        f"seconds={seconds:.1f}",
+        f"crashes={figures['crashes']} {_fmt(crashes)}",
+        f"destination_faults={sum(faults.values())} {_fmt(faults)}",
+        f"clock_events={sum(clock.values())} {_fmt(clock)}",
+        f"messages_checked={figures['generations_checked']}"
+        f" (keys={figures['keys_checked']}) {_fmt(ends)}",
+        f"sends_ok={figures['send_ok']} writes={figures['writes']}"
+        f" duplicate_writes={figures['duplicate_writes']} dlq_writes={figures['dlq_writes']}"
+        f" dlq_copy_missing={figures['dlq_copy_missing']}",
+        f"open_unknown={figures['open_unknown_attempts']}",
+        f"log_entries={figures['log_entries']}",
+    ]
+    return "sim: " + " | ".join(parts)
+
+
+def _fmt(d: dict[str, int]) -> str:
+    return "(" + " ".join(f"{k}={v}" for k, v in d.items()) + ")"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per seed")
+    parser.add_argument("--sync", action="store_true", help="fsync every commit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the event trace")
+    args = parser.parse_args(argv)
+    total: Counter[str] = Counter()
+    started = time.monotonic()
+    for seed in range(args.seed, args.seed + args.seeds):
+        try:
+            total += run_seed(seed, args.steps, sync=args.sync, verbose=args.verbose)
+        except SimFailure as failure:
+            print(failure, file=sys.stderr)
+            print(summary(total, time.monotonic() - started))
+            print(f"FAILED seed {failure.seed}; reproduce: {failure.reproduce}")
+            return 1
+    print(summary(total, time.monotonic() - started))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Checks made while the simulation runs: at every send, and after every step.
+
+The end-of-run audit (which needs the whole log) is `sim.audit`.
+"""
+
+from __future__ import annotations
+
+from kernel.invariants import check as invariant_violations
+from kernel.keys import str_key
+from kernel.model import Attempt, AttemptStatus, Message, Status, Table
+from runtime.destination import Send
+from storage.base import StoreView
+from storage.store import ShardStore
+
+
+def send_problem(view: StoreView, send: Send) -> str | None:
+    """Why this send must not happen now, judged from a committed read view of the shard
+    store taken inside the destination call; None if the attempt is durably PUBLISHING for
+    exactly what is being sent (the Admission was committed before the write)."""
+    p = send.prepared
+    message = view.get(Table.MESSAGES, str_key(p.message_id))
+    if not isinstance(message, Message):
+        return "no message row"
+    if p.topic.endswith(".dlq"):
+        # The dead-letter copy is written after the batch that dead-lettered the message.
+        if message.status is not Status.DEAD_LETTERED:
+            return f"dead letter of a {message.status} message"
+        return None
+    attempt = view.get(Table.ATTEMPTS, str_key(send.attempt_id))
+    if not isinstance(attempt, Attempt):
+        return "attempt not durable in the shard store at send time"
+    if attempt.status is not AttemptStatus.PUBLISHING:
+        return f"attempt is {attempt.status} at send time"
+    if (attempt.message_id, attempt.generation) != (p.message_id, p.generation):
+        return "attempt belongs to another message or generation"
+    if attempt.descriptor_hash != p.descriptor_hash():
+        return "descriptor differs from the admitted one"
+    if view.get(Table.OBLIGATIONS, str_key(send.attempt_id)) is None:
+        return "PUBLISHING attempt without an obligation"
+    if message.generation == p.generation and message.status is not Status.PUBLISHING:
+        return f"message is {message.status} at send time"
+    return None
+
+
+def step_problems(store: ShardStore) -> list[str]:
+    """The kernel invariants over the committed state (they walk every row)."""
+    with store.state_view() as state:
+        return [f"{v.invariant}: {v.detail}" for v in invariant_violations(state)]
