@@ -16,12 +16,16 @@ the kernel, and the destination topic is checked against those ledgers:
   attempts it finds in the log by evidence;
 * a zombie (SIGSTOP the owner, the group rebalances, SIGCONT): its producer is fenced, none
   of its records lands after the new owner's, and it starts no send after waking;
-* SIGKILL an owner mid-fire and restart it: nothing lost, nothing early, duplicates only
-  behind a recorded UNKNOWN, and every local store is a prefix of the Kafka log.
+* SIGKILL an owner mid-fire and restart it, `NEREUS_KAFKA_CRASH_ITERATIONS` times (default
+  3) at moments drawn from `NEREUS_KAFKA_CRASH_SEED` (random and printed if unset): nothing
+  lost, nothing early, duplicates only behind a recorded UNKNOWN, and every local store is a
+  prefix of the Kafka log.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import signal
 import threading
 import time
@@ -58,6 +62,11 @@ from tests.kafka_env import create_topic, unique_topic
 kafka_bootstrap = kafka_env.kafka_bootstrap
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 SHARDS = 3
+# The SIGKILL loop: how many kills, and the seed of their moments (printed with the result).
+CRASH_ITERATIONS = int(os.environ.get("NEREUS_KAFKA_CRASH_ITERATIONS", "3"))
+CRASH_SEED = int(
+    os.environ.get("NEREUS_KAFKA_CRASH_SEED", str(random.SystemRandom().randrange(10**6)))
+)
 DEST_PARTITIONS = 2
 
 
@@ -379,13 +388,19 @@ def test_sigkill_mid_fire_then_restart_loses_nothing(kafka_bootstrap: str, tmp_p
             time.sleep(0.05)
 
     feeder = threading.Thread(target=feed)
+    rng = random.Random(CRASH_SEED)
+    killed_tenures: set[str] = set()
     try:
         feeder.start()
         time.sleep(2.0)
-        killed_tenures = set(a.tenures())
-        a.kill()  # SIGKILL mid-fire
-        time.sleep(1.0)
-        a.start().wait_serving()  # same data directory, a new process
+        for _ in range(CRASH_ITERATIONS):
+            # SIGKILL mid-fire at a seeded moment, down for a seeded while, then restart
+            # on the same data directory.
+            time.sleep(rng.uniform(0.2, 2.0))
+            killed_tenures |= set(a.tenures())
+            a.kill()
+            time.sleep(rng.uniform(0.2, 1.5))
+            a.start().wait_serving()
         time.sleep(2.0)
         stop_feeding.set()
         feeder.join(60)
@@ -411,16 +426,18 @@ def test_sigkill_mid_fire_then_restart_loses_nothing(kafka_bootstrap: str, tmp_p
         a.kill()
         b.stop()
     audit_ = audit(kafka_bootstrap, topics, SHARDS, DEST_PARTITIONS)
-    counts = check_delivery(audit_, keys, where="sigkill")
-    check_stores_are_prefixes(audit_, [a.data, b.data], where="sigkill")
+    where = f"sigkill (NEREUS_KAFKA_CRASH_SEED={CRASH_SEED})"
+    counts = check_delivery(audit_, keys, where=where)
+    check_stores_are_prefixes(audit_, [a.data, b.data], where=where)
     handed_over = [
         attempt_id
         for attempt_id, tenure in audit_.admitted_by.items()
         if tenure in killed_tenures and audit_.resolved_by.get(attempt_id) not in killed_tenures
     ]
-    assert handed_over, "the kill caught no attempt in flight"
+    assert handed_over, f"the kills caught no attempt in flight (seed {CRASH_SEED})"
     unknown = sum(1 for att in handed_over if (x := audit_.attempt(att)) and x.error_code)
     print(
-        f"sigkill: {len(keys)} timers, {counts}; {len(handed_over)} attempts of the killed "
+        f"sigkill seed={CRASH_SEED} kills={CRASH_ITERATIONS}: {len(keys)} timers, {counts}; "
+        f"{len(handed_over)} attempts of the killed "
         f"owner resolved by others ({unknown} recorded UNKNOWN)"
     )
