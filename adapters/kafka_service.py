@@ -23,6 +23,9 @@ Theory of operation (decisions in `specs/kafka.md`):
   local shard's fold when the shard is owned here, else from the replies topic, which every
   process reads from its end (read_committed) and matches by request id. No other channel
   between processes exists.
+* **Reads.** A peek needs the timer's shard owned here; a queue listing needs every shard
+  (`ShardNotLocal` otherwise). Tenant usage for quotas is the sum over the shards this
+  process owns, so with shards spread over processes a quota sees part of the usage.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from adapters.kafka_wire import (
 )
 from kernel.config import KernelConfig
 from kernel.effects import EntryOutcome
+from kernel.model import Message, TenantUsage
 from runtime.clock import ClockSource
 from runtime.config import RuntimeConfig
 from runtime.destination import Destination
@@ -566,6 +570,65 @@ class KafkaService:
             if shard.closed or not shard.runtime.is_recovered():
                 raise ShardNotLocal(f"shard {partition} is still catching up here")
             return peek_store(shard.store, shard.runtime, queue, timer_key, tenant=tenant)
+
+    def list_timers(
+        self, queue: str, after: str | None, limit: int, *, tenant: str = DEFAULT_TENANT
+    ) -> tuple[list[Message], bool]:
+        """Up to `limit` live timers of the queue with timer keys strictly after `after`, in
+        UTF-8 byte order, and whether more follow (see `StoreView.list_timers`). A queue's
+        timers are spread over every shard, so this needs all of them owned (and caught up)
+        here, else ShardNotLocal. Each shard is read in its own snapshot, one after the
+        other; every shard's page is merged in key order."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        with self._shards_lock:
+            owned = dict(self._owned)
+        missing = [p for p in range(self.shards) if p not in owned]
+        if not self.shards or missing:
+            raise ShardNotLocal(
+                f"listing a queue reads every shard; shards {missing} are not owned by this process"
+            )
+        rows: list[Message] = []
+        more = False
+        for partition in range(self.shards):
+            shard = owned[partition]
+            with shard.lock:
+                if shard.closed or not shard.runtime.is_recovered():
+                    raise ShardNotLocal(f"shard {partition} is not readable here right now")
+                with shard.store.read() as view:
+                    page, truncated = view.list_timers(tenant, queue, after, limit)
+            rows.extend(page)
+            more = more or truncated
+        rows.sort(key=lambda m: m.timer_key.encode())
+        return rows[:limit], more or len(rows) > limit
+
+    def tenant_usage(self, tenant: str = DEFAULT_TENANT) -> TenantUsage:
+        """The tenant's live timers and their payload bytes, summed over the shards this
+        process owns right now. In Kafka mode a quota therefore counts only those shards:
+        with the shards spread over several processes each one sees part of the usage."""
+        with self._shards_lock:
+            owned = list(self._owned.values())
+        live = size = 0
+        for shard in owned:
+            with shard.lock:
+                if shard.closed:
+                    continue
+                with shard.store.read() as view:
+                    usage = view.tenant_usage(tenant)
+            live += usage.live
+            size += usage.bytes
+        return TenantUsage(live=live, bytes=size)
+
+    def map_usage(self) -> float:
+        """The fullest owned shard store's fraction of its LMDB map in use (0.0 if none)."""
+        with self._shards_lock:
+            owned = list(self._owned.values())
+        fullest = 0.0
+        for shard in owned:
+            with shard.lock:
+                if not shard.closed:
+                    fullest = max(fullest, shard.store.map_usage())
+        return fullest
 
     def shard_states(self) -> dict[int, str]:
         with self._shards_lock:

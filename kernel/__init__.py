@@ -29,6 +29,7 @@ from kernel.model import (
     ShardMeta,
     Status,
     Table,
+    TenantUsage,
     TimelineWork,
 )
 from kernel.records import (
@@ -104,6 +105,7 @@ __all__ = [
     "StateBase",
     "Status",
     "Table",
+    "TenantUsage",
     "TimelinePut",
     "TimelineRemove",
     "TimelineWork",

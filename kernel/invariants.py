@@ -14,6 +14,7 @@ from typing import NamedTuple
 from kernel.keys import message_id, parse_timeline_key
 from kernel.model import (
     ATTEMPT_COUNTER,
+    LIVE_STATUSES,
     OPEN_ATTEMPT_STATUSES,
     PAYLOAD_HOLDING,
     STATUS_COUNTER,
@@ -24,6 +25,7 @@ from kernel.model import (
     PayloadRef,
     Status,
     Table,
+    TenantUsage,
     TimelineWork,
 )
 from kernel.state import State
@@ -64,6 +66,8 @@ INVARIANTS: dict[str, str] = {
     "the handoff lead), and deliverAt plus the minimum delivery window is at most expireAt.",
     "INV-11": "open_attempts equals the number of open attempts of the current generation, "
     "and uncertain_retries never exceeds max_uncertain_retries.",
+    "INV-12": "A tenant's usage row holds the number of its SCHEDULED, PUBLISHING and "
+    "UNCERTAIN messages and the sum of their payload sizes; a tenant with none has no row.",
 }
 
 
@@ -76,6 +80,7 @@ def check(state: State) -> list[Violation]:
     }
     timeline = [(k, v) for k, v in state.items(Table.TIMELINE) if isinstance(v, TimelineWork)]
     payloads = {k.decode(): v for k, v in state.items(Table.PAYLOADS) if isinstance(v, PayloadRef)}
+    usage = {k.decode(): v for k, v in state.items(Table.USAGE) if isinstance(v, TenantUsage)}
     cfg = state.config
 
     for mid, m in messages.items():
@@ -160,6 +165,21 @@ def check(state: State) -> list[Violation]:
         ref = payloads.get(digest)
         if ref is None or ref.count != holders.get(digest, 0):
             out.append(Violation("INV-07", f"payload {digest[:12]} refcount mismatch"))
+
+    expected_usage: dict[str, TenantUsage] = {}
+    for m in messages.values():
+        if m.status in LIVE_STATUSES:
+            held = expected_usage.get(m.tenant, TenantUsage(0, 0))
+            expected_usage[m.tenant] = TenantUsage(held.live + 1, held.bytes + m.payload_size)
+    for tenant in expected_usage.keys() | usage.keys():
+        if usage.get(tenant) != expected_usage.get(tenant):
+            out.append(
+                Violation(
+                    "INV-12",
+                    f"tenant {tenant!r} usage {usage.get(tenant)!r}, "
+                    f"messages say {expected_usage.get(tenant)!r}",
+                )
+            )
 
     published = {
         (a.message_id, a.generation, a.evidence)

@@ -42,6 +42,11 @@ def str_key(value: str) -> bytes:
     return value.encode()
 
 
+def usage_key(tenant: str) -> bytes:
+    """The usage table's key: the tenant's name as UTF-8."""
+    return tenant.encode()
+
+
 def timeline_key(action_at_ms: int, message_id_hex: str, generation: int) -> bytes:
     return _TIMELINE.pack(action_at_ms - MIN_TIME_MS, bytes.fromhex(message_id_hex), generation)
 

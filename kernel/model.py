@@ -24,6 +24,7 @@ class Table(StrEnum):
     TIMELINE = "timeline"  # actionAt|message_id|generation -> TimelineWork
     LANES = "lanes"  # tenant\0queue -> Lane (absent means OPEN)
     PAYLOADS = "payloads"  # payload digest -> PayloadRef
+    USAGE = "usage"  # tenant -> TenantUsage (absent means no live messages)
 
 
 TABLES: tuple[Table, ...] = tuple(Table)
@@ -145,6 +146,15 @@ class PayloadRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     size: int
 
 
+class TenantUsage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a tenant holds in this shard, for quotas: its live messages (SCHEDULED,
+    PUBLISHING, UNCERTAIN) and the sum of their payload sizes. The row is deleted when both
+    reach zero, so every stored row has `live > 0`."""
+
+    live: int
+    bytes: int
+
+
 class Counters(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Aggregates the ledger and the message table imply; invariants recompute them."""
 
@@ -168,7 +178,7 @@ class ShardMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     counters: Counters = Counters()
 
 
-Value = Message | Attempt | Obligation | TimelineWork | Lane | PayloadRef
+Value = Message | Attempt | Obligation | TimelineWork | Lane | PayloadRef | TenantUsage
 
 VALUE_TYPES: dict[Table, type[Value]] = {
     Table.MESSAGES: Message,
@@ -177,6 +187,7 @@ VALUE_TYPES: dict[Table, type[Value]] = {
     Table.TIMELINE: TimelineWork,
     Table.LANES: Lane,
     Table.PAYLOADS: PayloadRef,
+    Table.USAGE: TenantUsage,
 }
 
 STATUS_COUNTER: dict[Status, str] = {

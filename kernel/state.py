@@ -24,6 +24,7 @@ from kernel.model import (
     PayloadRef,
     ShardMeta,
     Table,
+    TenantUsage,
     TimelineWork,
     Value,
 )
@@ -128,6 +129,9 @@ class State(msgspec.Struct, frozen=True):
 
     def timeline(self, key: bytes) -> TimelineWork | None:
         return self._typed(Table.TIMELINE, key, TimelineWork)
+
+    def usage(self, key: bytes) -> TenantUsage | None:
+        return self._typed(Table.USAGE, key, TenantUsage)
 
     def items(self, table: Table) -> Iterator[tuple[bytes, Value]]:
         """Merged rows in key order. Walks the whole base: for audits and tests, not for

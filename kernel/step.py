@@ -12,15 +12,17 @@ import msgspec
 
 from kernel.codes import POSITION_CODES, Code
 from kernel.effects import Effect, EntryOutcome, RevokeClaim, TimelinePut, TimelineRemove
-from kernel.keys import str_key, timeline_key
+from kernel.keys import str_key, timeline_key, usage_key
 from kernel.model import (
     ATTEMPT_COUNTER,
+    LIVE_STATUSES,
     PAYLOAD_HOLDING,
     STATUS_COUNTER,
     Attempt,
     Message,
     PayloadRef,
     Table,
+    TenantUsage,
     TimelineWork,
     Value,
 )
@@ -86,8 +88,9 @@ class Step:
         self.counter_deltas[name] = self.counter_deltas.get(name, 0) + delta
 
     def put_message(self, old: Message | None, new: Message) -> None:
-        """Stores `new` and keeps the status counters and payload references consistent
-        with the change from `old`."""
+        """Stores `new` and keeps the status counters, payload references and tenant usage
+        consistent with the change from `old`."""
+        assert old is None or old.message_id == new.message_id
         if old is not None:
             self._count(STATUS_COUNTER[old.status], -1)
         self._count(STATUS_COUNTER[new.status], +1)
@@ -101,6 +104,14 @@ class Step:
             self._release_payload(old.payload_digest)
         if new_holds and (old is None or not old_holds or old.payload_digest != new.payload_digest):
             self._acquire_payload(new.payload_digest, new.payload_size)
+        old_live = old is not None and old.status in LIVE_STATUSES
+        new_live = new.status in LIVE_STATUSES
+        live_delta = int(new_live) - int(old_live)
+        bytes_delta = (new.payload_size if new_live else 0) - (
+            old.payload_size if old is not None and old_live else 0
+        )
+        if live_delta or bytes_delta:
+            self._adjust_usage(new.tenant, live_delta, bytes_delta)
         self.put(Table.MESSAGES, str_key(new.message_id), new)
 
     def put_attempt(self, old: Attempt | None, new: Attempt) -> None:
@@ -108,6 +119,18 @@ class Step:
             self._count(ATTEMPT_COUNTER[old.status], -1)
         self._count(ATTEMPT_COUNTER[new.status], +1)
         self.put(Table.ATTEMPTS, str_key(new.attempt_id), new)
+
+    def _adjust_usage(self, tenant: str, live_delta: int, bytes_delta: int) -> None:
+        key = usage_key(tenant)
+        row = self.get(Table.USAGE, key)
+        assert row is None or isinstance(row, TenantUsage)
+        live = (row.live if row else 0) + live_delta
+        size = (row.bytes if row else 0) + bytes_delta
+        assert live >= 0 and size >= 0, f"usage of tenant {tenant!r} would be negative"
+        if live == 0 and size == 0:
+            self.delete(Table.USAGE, key)
+        else:
+            self.put(Table.USAGE, key, TenantUsage(live, size))
 
     def _acquire_payload(self, digest: str, size: int) -> None:
         key = str_key(digest)

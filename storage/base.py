@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kernel.model import Table, Value
-from storage.codec import decode_struct, decode_value, lane_prefix
+from kernel.keys import usage_key
+from kernel.model import LIVE_STATUSES, Message, Table, TenantUsage, Value
+from storage.codec import decode_struct, decode_value, lane_prefix, timer_index_key
+from storage.errors import CorruptRecord
 from storage.schema import PayloadBlob
+
+NO_USAGE = TenantUsage(live=0, bytes=0)
 
 
 class LmdbBase:
@@ -49,7 +53,8 @@ class LmdbBase:
 
 
 class StoreView(LmdbBase):
-    """A read snapshot of the whole shard store: tables, payload bytes, the lane index."""
+    """A read snapshot of the whole shard store: tables, payload bytes, the lane index, the
+    timer index and tenant usage."""
 
     __slots__ = ("_env",)
 
@@ -98,3 +103,57 @@ class StoreView(LmdbBase):
     def first_timeline_key(self) -> bytes | None:
         with self._txn.cursor(db=self._env.tables[Table.TIMELINE]) as cursor:
             return cursor.key() if cursor.first() else None
+
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        """The tenant's live messages (SCHEDULED, PUBLISHING, UNCERTAIN) and their payload
+        bytes in this shard, as of this snapshot."""
+        value = self.get(Table.USAGE, usage_key(tenant))
+        if value is None:
+            return NO_USAGE
+        assert isinstance(value, TenantUsage)
+        return value
+
+    def list_timers(
+        self, tenant: str, queue: str, after: str | None, limit: int
+    ) -> tuple[list[Message], bool]:
+        """Up to `limit` live messages of the queue whose timer keys sort strictly after
+        `after` (UTF-8 byte order; None: from the first), in that order, and whether at least
+        one more follows. A key cursor, not an offset: keys scheduled or cancelled between
+        two pages never make a later page skip or repeat a key that stayed live."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        prefix = lane_prefix(tenant, queue)
+        # The least key strictly greater than prefix + after is prefix + after + NUL.
+        start = prefix if after is None else timer_index_key(tenant, queue, after) + b"\x00"
+        rows: list[Message] = []
+        messages = self._dbs[Table.MESSAGES]
+        with self._txn.cursor(db=self._env.timer_index) as cursor:
+            if not cursor.set_range(start):
+                return rows, False
+            for key, mid in cursor:
+                if not key.startswith(prefix):
+                    return rows, False
+                if len(rows) == limit:
+                    return rows, True
+                rows.append(self._indexed_message(key, mid, messages, tenant, queue))
+        return rows, False
+
+    def _indexed_message(
+        self, key: bytes, mid: bytes, messages: Any, tenant: str, queue: str
+    ) -> Message:
+        where = f"timer index, key {key.hex()}"
+        raw = self._txn.get(mid, db=messages)
+        if raw is None:
+            raise CorruptRecord(self._path, f"the timer index names absent message {mid!r}", where)
+        message = decode_value(Table.MESSAGES, raw, self._path, mid)
+        if (
+            not isinstance(message, Message)
+            or message.status not in LIVE_STATUSES
+            or key != timer_index_key(tenant, queue, message.timer_key)
+            or message.tenant != tenant
+            or message.queue != queue
+        ):
+            raise CorruptRecord(
+                self._path, f"the timer index disagrees with message {mid.decode()}", where
+            )
+        return message

@@ -91,5 +91,11 @@ def lane_index_key(tenant: str, queue: str, timeline_key: bytes) -> bytes:
     return lane_prefix(tenant, queue) + timeline_key
 
 
+def timer_index_key(tenant: str, queue: str, timer_key: str) -> bytes:
+    """tenant NUL queue NUL timer key: a queue's rows are exactly the keys with its lane
+    prefix, in byte order of the timer key."""
+    return lane_prefix(tenant, queue) + timer_key.encode()
+
+
 def lane_prefix(tenant: str, queue: str) -> bytes:
     return tenant.encode() + b"\x00" + queue.encode() + b"\x00"

@@ -22,7 +22,8 @@ PAYLOAD_BYTES_DB = b"payload_bytes"  # digest -> framed PayloadBlob
 CLAIMS_DB = b"claims"  # message id -> framed runtime claim
 META_DB = b"meta"  # header keys -> framed structs
 LANE_TIMELINE_DB = b"lane_timeline"  # tenant NUL queue NUL timeline key -> b""
-EXTRA_DBS = (LOG_DB, PAYLOAD_BYTES_DB, CLAIMS_DB, META_DB, LANE_TIMELINE_DB)
+TIMER_INDEX_DB = b"timer_index"  # tenant NUL queue NUL timer key -> message id (live only)
+EXTRA_DBS = (LOG_DB, PAYLOAD_BYTES_DB, CLAIMS_DB, META_DB, LANE_TIMELINE_DB, TIMER_INDEX_DB)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Env:
     claims: Any
     meta: Any
     lane_timeline: Any
+    timer_index: Any
 
     @property
     def data_file(self) -> str:
@@ -99,4 +101,5 @@ def open_env(path: str, *, map_size_bytes: int, sync: bool, create: bool) -> Env
         claims=extra[CLAIMS_DB],
         meta=extra[META_DB],
         lane_timeline=extra[LANE_TIMELINE_DB],
+        timer_index=extra[TIMER_INDEX_DB],
     )

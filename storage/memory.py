@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 
 from kernel.config import KernelConfig
 from kernel.effects import Effect
-from kernel.model import TABLES, ShardMeta, Table, Value
+from kernel.keys import usage_key
+from kernel.model import LIVE_STATUSES, TABLES, Message, ShardMeta, Table, TenantUsage, Value
 from kernel.records import LogEntry
 from kernel.reducer import reduce
 from kernel.state import MappingBase, State
@@ -71,3 +72,31 @@ class MemoryStore:
             else:
                 rows[key] = value
         return state.rebase(MappingBase(self.tables))
+
+    # Reads the API needs, with the same answers as `storage.base.StoreView`. There is no
+    # index here: a listing walks the messages (this store is for audits and tests).
+
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        value = self._state.get(Table.USAGE, usage_key(tenant))
+        assert value is None or isinstance(value, TenantUsage)
+        return value or TenantUsage(0, 0)
+
+    def list_timers(
+        self, tenant: str, queue: str, after: str | None, limit: int
+    ) -> tuple[list[Message], bool]:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        floor = None if after is None else after.encode()
+        found = sorted(
+            (
+                (m.timer_key.encode(), m)
+                for _key, m in self._state.items(Table.MESSAGES)
+                if isinstance(m, Message)
+                and m.tenant == tenant
+                and m.queue == queue
+                and m.status in LIVE_STATUSES
+                and (floor is None or m.timer_key.encode() > floor)
+            ),
+            key=lambda pair: pair[0],
+        )
+        return [m for _key, m in found[:limit]], len(found) > limit

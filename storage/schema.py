@@ -3,8 +3,12 @@
 Theory of operation: the header is written once when a store is created and checked on every
 open. `SCHEMA_VERSION` names the on-disk layout (sub-database names, key encodings, value
 framing and the kernel value types). A store of an older version is migrated forward by the
-steps in `MIGRATIONS` (none exist yet: version 1 is the first), a newer one is refused, and
-so is an older one with no migration path: guessing would corrupt it.
+steps in `MIGRATIONS` (none exist yet), a newer one is refused, and so is an older one with
+no migration path: guessing would corrupt it. `REBUILD_HINTS` says, for such a version, how
+to get a current store instead.
+
+Versions: 1 the first; 2 adds the `usage` table (per-tenant live messages and bytes) and the
+`timer_index` sub-database (a queue's live timers by timer key).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from kernel.config import KernelConfig
 from storage.codec import decode_struct
 from storage.errors import StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 HEADER_KEY = b"store_header"
 SHARD_META_KEY = b"shard_meta"
 LOG_INFO_KEY = b"log_info"
@@ -26,6 +30,13 @@ LOG_SOURCE_KEY = b"log_source"
 
 # from-version -> function migrating an open write transaction to from-version + 1
 MIGRATIONS: dict[int, Callable[[Any], None]] = {}
+
+# from-version -> what the refusal of such a store tells the operator to do instead
+REBUILD_HINTS: dict[int, str] = {
+    1: "it lacks the tenant usage table and the timer index, which only a fold of its log "
+    "builds: export the log with the Nereus build that wrote the store (`nereus export`) "
+    "and import the file into a new directory with this one (`nereus import`)",
+}
 
 
 class StoreHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -74,8 +85,9 @@ class StoreOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_batch_entries: int = 1000
     # fsync on every commit. Only benchmarks of the non-durable baseline turn this off.
     sync: bool = True
-    # Walk the whole state and check the kernel invariants at open. O(state): on very
-    # large stores an operator may turn it off and run `nereus replay --verify` instead.
+    # Walk the whole state and check the kernel invariants and the storage indexes at open.
+    # O(state): on very large stores an operator may turn it off and run `nereus replay
+    # --verify` instead.
     check_invariants_on_open: bool = True
 
 
@@ -89,9 +101,11 @@ def check_schema(raw: bytes, path: str) -> StoreHeader:
             f"this build reads up to version {SCHEMA_VERSION}",
         )
     if version < SCHEMA_VERSION and version not in MIGRATIONS:
+        hint = REBUILD_HINTS.get(version)
         raise StoreError(
             path,
-            f"store schema version {version} has no migration path to {SCHEMA_VERSION}",
+            f"store schema version {version} has no migration path to {SCHEMA_VERSION}"
+            + (f": {hint}" if hint else ""),
         )
     return decode_struct(StoreHeader, raw, path, "store header")
 

@@ -28,7 +28,7 @@ from typing import Any
 from kernel.config import KernelConfig
 from kernel.effects import Effect
 from kernel.invariants import assert_invariants
-from kernel.model import ShardMeta, Table, TimelineWork, Value
+from kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
 from kernel.records import LogEntry, Record, Schedule
 from kernel.reducer import reduce
 from kernel.state import State
@@ -42,6 +42,7 @@ from storage.codec import (
     key_position,
     lane_index_key,
     position_key,
+    timer_index_key,
 )
 from storage.env import Env, open_env
 from storage.errors import StoreError
@@ -171,7 +172,47 @@ class ShardStore:
         if options.check_invariants_on_open:
             with store.state_view() as state:
                 assert_invariants(state)
+            store.check_indexes()
         return store
+
+    def check_indexes(self) -> None:
+        """Raise StoreError unless the derived indexes (lane timeline, timer index) hold
+        exactly what the tables imply. O(timeline + messages): an audit, run at open."""
+        env = self._env
+        with env.env.begin() as txn:
+            base = LmdbBase(txn, env.tables, env.data_file)
+            lanes = {
+                lane_index_key(work.tenant, work.queue, key): b""
+                for key, work in base.items(Table.TIMELINE)
+                if isinstance(work, TimelineWork)
+            }
+            timers = {
+                timer_index_key(m.tenant, m.queue, m.timer_key): m.message_id.encode()
+                for _key, m in base.items(Table.MESSAGES)
+                if isinstance(m, Message) and m.status in LIVE_STATUSES
+            }
+            indexed: list[dict[bytes, bytes]] = []
+            for db in (env.lane_timeline, env.timer_index):
+                with txn.cursor(db=db) as cursor:
+                    indexed.append(dict(cursor.iternext()))
+        for name, expected, found in (
+            ("lane timeline index", lanes, indexed[0]),
+            ("timer index", timers, indexed[1]),
+        ):
+            if expected == found:
+                continue
+            key, problem = min(
+                (key, "a stray row" if key not in expected else
+                 "a missing row" if key not in found else "a row naming another message")
+                for key in expected.keys() | found.keys()
+                if expected.get(key) != found.get(key)
+            )  # fmt: skip
+            raise StoreError(
+                env.data_file,
+                f"the {name} disagrees with the tables ({problem}): it is derived data every "
+                "fold writes in the same transaction, so something else changed the store",
+                f"{name}, key {key.hex()}",
+            )
 
     def _load_positions(self) -> None:
         data_file = self._env.data_file
@@ -423,6 +464,8 @@ class ShardStore:
         for table, key, value in state.changes():
             if table is Table.TIMELINE:
                 self._index_lane(txn, key, value)
+            elif table is Table.MESSAGES:
+                self._index_timer(txn, key, value)
             if value is None:
                 txn.delete(key, db=tables[table])
                 if table is Table.PAYLOADS:
@@ -445,6 +488,27 @@ class ShardStore:
         else:
             assert isinstance(value, TimelineWork)
             txn.put(lane_index_key(value.tenant, value.queue, key), b"", db=env.lane_timeline)
+
+    def _index_timer(self, txn: Any, key: bytes, value: Value | None) -> None:
+        """Keep the timer index in step with the messages table (derived data: a queue's
+        live timers in timer-key order, for listing without walking other queues)."""
+        env = self._env
+        if value is None:
+            raw = txn.get(key, db=env.tables[Table.MESSAGES])
+            if raw is None:
+                return
+            value = decode_value(Table.MESSAGES, raw, env.data_file, key)
+            assert isinstance(value, Message)
+            txn.delete(
+                timer_index_key(value.tenant, value.queue, value.timer_key), db=env.timer_index
+            )
+            return
+        assert isinstance(value, Message)
+        index_key = timer_index_key(value.tenant, value.queue, value.timer_key)
+        if value.status in LIVE_STATUSES:
+            txn.put(index_key, key, db=env.timer_index)
+        else:
+            txn.delete(index_key, db=env.timer_index)
 
     def _collect_payloads(
         self, txn: Any, released: set[bytes], entries: Sequence[LogEntry], applied: int
@@ -499,6 +563,15 @@ class ShardStore:
 
     def file_size_bytes(self) -> int:
         return os.path.getsize(self._env.data_file)
+
+    def map_usage(self) -> float:
+        """The fraction of the LMDB map in use (highest page in use times the page size,
+        over the map size): the "storage full" signal. Pages freed inside the file are
+        reused before the map grows, so this is a high-water mark, not live data."""
+        env = self._env.env
+        info = env.info()
+        used = (int(info["last_pgno"]) + 1) * int(env.stat()["psize"])
+        return used / int(info["map_size"])
 
     def set_log_info(self, txn: Any, info: LogInfo) -> None:
         txn.put(LOG_INFO_KEY, encode_value(info), db=self._env.meta)
