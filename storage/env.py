@@ -16,6 +16,7 @@ import lmdb
 from kernel.model import TABLES, Table
 from storage.errors import StoreError
 from storage.lmdbcheck import check_data_file
+from storage.preflight import check_structure as walk_structure
 
 LOG_DB = b"log"  # position (8 bytes BE) -> framed LogEntry
 PAYLOAD_BYTES_DB = b"payload_bytes"  # digest -> framed PayloadBlob
@@ -60,7 +61,9 @@ def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) ->
         raise StoreError(data_file, "no Nereus store here")
 
 
-def open_env(path: str, *, map_size_bytes: int, sync: bool, create: bool) -> Env:
+def open_env(
+    path: str, *, map_size_bytes: int, sync: bool, create: bool, check_structure: bool = True
+) -> Env:
     data_file = os.path.join(path, "data.mdb")
     if not os.path.isdir(path):
         if not create:
@@ -70,6 +73,8 @@ def open_env(path: str, *, map_size_bytes: int, sync: bool, create: bool) -> Env
         raise StoreError(data_file, "no store here (data file missing)")
     check_data_file(data_file)
     names = [t.value.encode() for t in TABLES] + list(EXTRA_DBS)
+    if check_structure:
+        walk_structure(path, data_file, names)
     try:
         env = lmdb.open(
             path,

@@ -89,6 +89,9 @@ class StoreOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # O(state): on very large stores an operator may turn it off and run `nereus replay
     # --verify` instead.
     check_invariants_on_open: bool = True
+    # Walk every page of the file in a child process before opening it here: LMDB aborts
+    # the process on a damaged page instead of raising (storage/preflight.py). O(pages).
+    check_structure_on_open: bool = True
 
 
 def check_schema(raw: bytes, path: str) -> StoreHeader:

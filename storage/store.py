@@ -27,7 +27,7 @@ from typing import Any
 
 from kernel.config import KernelConfig
 from kernel.effects import Effect
-from kernel.invariants import assert_invariants
+from kernel.invariants import InvariantViolation, assert_invariants
 from kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
 from kernel.records import LogEntry, Record, Schedule
 from kernel.reducer import reduce
@@ -45,7 +45,7 @@ from storage.codec import (
     timer_index_key,
 )
 from storage.env import Env, open_env
-from storage.errors import StoreError
+from storage.errors import StoreError, lmdb_refusal
 from storage.schema import (
     HEADER_KEY,
     LOG_INFO_KEY,
@@ -97,17 +97,22 @@ class ShardStore:
         new store without one is shard "0"."""
         options = options or StoreOptions()
         env = open_env(
-            path, map_size_bytes=options.map_size_bytes, sync=options.sync, create=create
+            path,
+            map_size_bytes=options.map_size_bytes,
+            sync=options.sync,
+            create=create,
+            check_structure=options.check_structure_on_open,
         )
         try:
-            store = cls._restore(
-                env,
-                shard_id=shard_id,
-                config=config,
-                options=options,
-                create=create,
-                created_at_ms=created_at_ms,
-            )
+            with lmdb_refusal(env.data_file, "open"):
+                store = cls._restore(
+                    env,
+                    shard_id=shard_id,
+                    config=config,
+                    options=options,
+                    create=create,
+                    created_at_ms=created_at_ms,
+                )
         except BaseException:
             env.close()
             raise
@@ -171,7 +176,14 @@ class ShardStore:
         store._load_positions()
         if options.check_invariants_on_open:
             with store.state_view() as state:
-                assert_invariants(state)
+                try:
+                    assert_invariants(state)
+                except InvariantViolation as exc:
+                    # Keys carry no checksum: a damaged key shows up here, as broken
+                    # structure, and is a refusal like any other damage.
+                    raise StoreError(
+                        data_file, f"the stored state breaks the kernel's invariants: {exc}"
+                    ) from exc
             store.check_indexes()
         return store
 
@@ -348,7 +360,7 @@ class ShardStore:
         self, from_position: int = 1, to_position: int | None = None
     ) -> Iterator[LogEntry]:
         """Entries in order from `from_position`, read in one snapshot."""
-        with self._env.env.begin() as txn:
+        with lmdb_refusal(self._env.data_file, "the shard log"), self._env.env.begin() as txn:
             yield from self._iter_log_in(txn, from_position, to_position)
 
     def _iter_log_in(
@@ -535,13 +547,13 @@ class ShardStore:
     @contextmanager
     def read(self) -> Iterator[StoreView]:
         """A consistent read view of the materialized tables (peek, scans, audits)."""
-        with self._env.env.begin() as txn:
+        with lmdb_refusal(self._env.data_file), self._env.env.begin() as txn:
             yield StoreView(txn, self._env)
 
     @contextmanager
     def state_view(self) -> Iterator[State]:
         """The applied state as a kernel State over a read snapshot."""
-        with self._env.env.begin() as txn:
+        with lmdb_refusal(self._env.data_file), self._env.env.begin() as txn:
             meta = decode_struct(
                 ShardMeta,
                 txn.get(SHARD_META_KEY, db=self._env.meta),

@@ -1,0 +1,72 @@
+"""Fuzzing the store opener: a damaged data file opens or is refused, never anything else.
+
+A real store (schedules, cancels, a gate change) is copied and damaged the ways files get
+damaged — bit flips, a burst of junk, a truncation, a zeroed page, a file of random bytes —
+and each copy is opened and read in full (the whole log, the live-timer index). The only
+acceptable answers are a store that opens and reads (the damage hit free pages, or a value
+never read, which the CRC refuses the moment it is read) or a `StoreError` naming the data
+file. A traceback or a crash of the process is a failure, reported with its seed:
+`NEREUS_FUZZ_STORE_SEED=S NEREUS_FUZZ_STORE_CASES=N pytest tests/test_fuzz_store.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import kernel as k
+from storage.store import ShardStore
+from tests.builders import QUEUE, T0_MS, TENANT, schedule
+
+CASES = int(os.environ.get("NEREUS_FUZZ_STORE_CASES", "150"))
+SEED = int(os.environ.get("NEREUS_FUZZ_STORE_SEED", str(random.SystemRandom().randrange(10**6))))
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build(path: Path) -> None:
+    with ShardStore.open(str(path)) as store:
+        for batch in range(20):
+            store.append(
+                [(schedule(f"k{batch}-{i}"), b"payload") for i in range(40)], T0_MS + batch
+            )
+        store.append([(k.LaneGate(TENANT, QUEUE, "CLOSED", reason="fuzz"), None)], T0_MS + 30)
+        store.append([(k.Cancel(TENANT, QUEUE, f"k1-{i}"), None) for i in range(40)], T0_MS + 31)
+        while store.apply_pending():
+            pass
+
+
+def test_a_damaged_store_opens_or_is_refused_naming_the_file(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    _build(base)
+    work = tmp_path / "damaged"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.fuzz_store_worker",
+            str(base),
+            str(work),
+            str(SEED),
+            str(CASES),
+        ],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    where = f"NEREUS_FUZZ_STORE_SEED={SEED}, case {len(lines)}"
+    assert proc.returncode == 0, f"{where}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert len(lines) == CASES
+    refused = [x for x in lines if x["result"] == "refused"]
+    for x in refused:
+        assert x["detail"].startswith(str(work / "data.mdb")), x
+    print(
+        f"store fuzz seed={SEED}: {CASES} damaged copies, {len(refused)} refused naming the "
+        f"file, {CASES - len(refused)} opened and read in full"
+    )
