@@ -1,22 +1,34 @@
-"""The HTTP timer API (first routes): schedule/cancel batches, cancel, peek, metrics.
+"""The HTTP timer API: tenants, credentials, limits and the timer routes (`specs/http.md`).
 
-    POST   /api/v1/timers                      {"operations": [...]}  -> {"results": [...]}
-    DELETE /api/v1/timers/{queue}/{timerKey}   [?txn=...]             -> one result
-    GET    /api/v1/timers/{queue}/{timerKey}                          -> peek
-    GET    /metrics                                                   -> Prometheus text
-    GET    /healthz                                                   -> {"ok": true, ...}
+    POST   /api/v1/timers                              produce  {"operations": [...]}
+    DELETE /api/v1/timers/{queue}/{timerKey}[?txn=]    any valid credential of the tenant
+    GET    /api/v1/timers/{queue}/{timerKey}           read     peek
+    GET    /api/v1/timers/{queue}[?after=&limit=]      read     list live timers
+    GET    /api/v1/admin/metering                      admin
+    PUT    /api/v1/admin/block                         admin    {"blocked": bool}
+    POST   /api/v1/dlq/{queue}/{timerKey}/replay       any      always 403 dlq_replay_refused
+    GET    /healthz, /metrics, /openapi.json           public
 
-Theory of operation: the wire is checked whole before anything is appended: a batch with
-one malformed operation is refused whole (400) and nothing of it reaches the log. A valid
-batch is appended as one unit and answered in request order once durable, each element with
-`ok` and a `status` from a closed list. Only relative delays are on the wire; the absolute
-deliverAt is computed from the entry's persistence time and returned. Error bodies are
-`{"error": {"code": ..., "message": ...}}` with codes from `ERROR_CODES`.
+Theory of operation: a request is matched to a route (404/405), then authenticated (the
+bearer token decides the tenant, 401), authorized by the route's grant (403 missing_grant),
+and only then is its input read. A batch is checked whole before anything is appended: a
+batch with one bad operation is refused whole and nothing of it reaches the log. Then, in
+this order, the tenant's rate (429 rate_limited) and, for a batch that would produce
+(`schedule` or `reschedule`), the blocks: admin/operator block, quota from the shard's
+durable per-tenant usage, storage full (403/403/503 with the `x-nereus-timers-hint`
+header). A valid batch is appended as one unit and answered in request order once durable.
+Every record carries the credential's tenant and subject; since message ids are derived from
+(tenant, queue, timerKey), another tenant's timer is simply absent on every route.
 
-The routes run against a `TimerBackend`: the embedded `Nereus` (one shard, commands
-committed by its runtime), or `adapters.kafka_service.KafkaService` (commands produced to the
-Kafka commands topic and answered by whichever process owns their shard; peek reads the
-local store of a shard owned here and answers 503 `shard_not_local` for any other).
+A DELETE is never refused by a grant, block, quota or rate: only by a missing credential or a
+service that is not booted (or the physical answers every commit shares: 429 overloaded, 503
+unavailable). Error bodies are `{"error": {"code", "message"}}` with codes from
+`ERROR_CODES`; the OpenAPI document at `/openapi.json` is built from the same constants.
+
+The routes run against a `TimerBackend`: the embedded `Nereus` (one shard, commands committed
+by its runtime), or `adapters.kafka_service.KafkaService` (commands produced to the Kafka
+commands topic and answered by whichever process owns their shard; reads of a shard owned
+elsewhere answer 503 `shard_not_local`).
 """
 
 from __future__ import annotations
@@ -24,43 +36,60 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
+import traceback
 import urllib.parse
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
+from adapters import crypto
 from adapters.embedded import DEFAULT_TENANT, Nereus, Peek, Result, schedule_record, to_result
+from adapters.http_auth import Authenticator, Unauthorized
+from adapters.http_contract import (
+    ERROR_CODES,
+    ERROR_STATUS,
+    GRANTS,
+    HINT_HEADER,
+    HINT_VALUE,
+    LIST_DEFAULT_LIMIT,
+    LIST_MAX_LIMIT,
+    MAX_OPERATIONS,
+    METERED_STATUSES,
+    RESERVED_HEADER_PREFIX,
+    SERVER_OWNED,
+    STATUSES,
+    STORAGE_FULL_FRACTION,
+    route_grant,
+)
+from adapters.metering import Blocks, Meter, RateLimiter, retry_after_s
+from adapters.openapi import build_document
+from adapters.tenancy import Limits, Principal, Tenancy, TenantPolicy
 from kernel.config import KernelConfig
 from kernel.effects import EntryOutcome
-from kernel.records import Cancel
+from kernel.model import Message, TenantUsage
+from kernel.records import Cancel, Reschedule
+from kernel.validation import check_headers, check_identity, check_txn
+from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics
 from runtime.shard import Overloaded, RuntimeHalted
 from storage.store import Appendable
 
-MAX_OPERATIONS = 256
-MAX_BODY_BYTES = 64 * 1024 * 1024
-SERVER_OWNED = frozenset({"producerSub", "messageId", "tenant"})
-# The statuses a result element may carry. "rejected" is the guard for a kernel verdict the
-# edge checks should have made impossible; it carries the kernel code in "code".
-STATUSES = ("scheduled", "rescheduled", "unchanged", "canceled", "too_late", "absent")
-
-ERROR_CODES: dict[str, str] = {
-    "malformed_json": "The body is not JSON.",
-    "invalid_batch": 'The body is not {"operations": [...]} with 1 to 256 operations.',
-    "invalid_operation": "An operation is malformed; the message names which and why.",
-    "server_owned_field": "An operation sets producerSub, messageId, tenant or a _-field.",
-    "payload_too_large": "A payload is larger than the payload ceiling.",
-    "body_too_large": "The request body is larger than the server accepts.",
-    "not_found": "No such route.",
-    "method_not_allowed": "The route does not take this method.",
-    "overloaded": "The intake queue is full: retry later.",
-    "unavailable": "The service cannot commit right now (not your fault).",
-    "shard_not_local": "Kafka mode: the timer's shard is not owned by this process; peek it "
-    "at the process that owns it (see /healthz) or retry after the shards move.",
-}
+__all__ = [
+    "ERROR_CODES",
+    "MAX_OPERATIONS",
+    "STATUSES",
+    "ApiError",
+    "EmbeddedBackend",
+    "HttpServer",
+    "ShardNotLocal",
+    "TimerApi",
+    "TimerBackend",
+    "Unavailable",
+]
 
 
 class Unavailable(RuntimeError):
@@ -69,8 +98,8 @@ class Unavailable(RuntimeError):
 
 
 class ShardNotLocal(Exception):
-    """Kafka mode: a peek of a timer whose shard this process does not own (or is still
-    catching up on)."""
+    """Kafka mode: a read of a shard this process does not own (or is still catching up
+    on)."""
 
 
 class TimerBackend(Protocol):
@@ -84,11 +113,27 @@ class TimerBackend(Protocol):
 
     def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
         """Append the items as one unit and return their outcomes once durable. Raises
-        Overloaded, RuntimeHalted or TimeoutError when it cannot."""
+        Overloaded, RuntimeHalted, TimeoutError or Unavailable when it cannot."""
         ...
 
-    def peek(self, queue: str, timer_key: str) -> Peek:
+    def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
         """Raises ShardNotLocal when this process cannot read the timer's shard."""
+        ...
+
+    def list_timers(
+        self, queue: str, after: str | None, limit: int, *, tenant: str
+    ) -> tuple[list[Message], bool]:
+        """The queue's live timers after `after` in byte order of the key, at most `limit`,
+        and whether more follow. Raises ShardNotLocal."""
+        ...
+
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        """The tenant's durable usage (live timers, their payload bytes). Raises
+        ShardNotLocal."""
+        ...
+
+    def map_usage(self) -> float:
+        """The fraction of the (fullest) LMDB map in use: storage is full at 0.95."""
         ...
 
     def health(self) -> tuple[bool, dict[str, Any]]: ...
@@ -111,8 +156,21 @@ class EmbeddedBackend:
     def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
         return self.nereus.runtime.execute(items, timeout_s)
 
-    def peek(self, queue: str, timer_key: str) -> Peek:
-        return self.nereus.peek(queue, timer_key)
+    def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
+        return self.nereus.peek(queue, timer_key, tenant=tenant)
+
+    def list_timers(
+        self, queue: str, after: str | None, limit: int, *, tenant: str
+    ) -> tuple[list[Message], bool]:
+        with self.nereus.store.read() as view:
+            return view.list_timers(tenant, queue, after, limit)
+
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        with self.nereus.store.read() as view:
+            return view.tenant_usage(tenant)
+
+    def map_usage(self) -> float:
+        return self.nereus.store.map_usage()
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         halted = self.nereus.runtime.halted
@@ -123,132 +181,199 @@ class EmbeddedBackend:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        assert code in ERROR_CODES
+    def __init__(self, code: str, message: str, *, headers: Sequence[tuple[str, str]] = ()) -> None:
+        assert code in ERROR_CODES, code
         super().__init__(message)
-        self.status = status
+        self.status = ERROR_STATUS[code]
         self.code = code
+        self.headers = tuple(headers)
 
 
-class ScheduleOp(
-    msgspec.Struct, tag="schedule", tag_field="op", forbid_unknown_fields=True, rename="camel"
-):
+class Response(NamedTuple):
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+_JSON = "application/json"
+_HINT = ((HINT_HEADER, HINT_VALUE),)
+
+
+def error_response(code: str, message: str, headers: Sequence[tuple[str, str]] = ()) -> Response:
+    doc = {"error": {"code": code, "message": message}}
+    return Response(ERROR_STATUS[code], _JSON, msgspec.json.encode(doc), tuple(headers))
+
+
+# Operations -------------------------------------------------------------------------------
+
+
+class _Op(msgspec.Struct, forbid_unknown_fields=True, rename="camel", tag_field="op"):
     queue: str
     timer_key: str
+
+
+class ScheduleOp(_Op, tag="schedule"):
     delay_ms: int = 0
-    txn: str | None = None
     payload: str = ""
+    txn: str | None = None
     partition: str | None = None
     headers: dict[str, str] | None = None
 
 
-class CancelOp(
-    msgspec.Struct, tag="cancel", tag_field="op", forbid_unknown_fields=True, rename="camel"
-):
-    queue: str
-    timer_key: str
+class RescheduleOp(_Op, tag="reschedule"):
+    delay_ms: int = 0
     txn: str | None = None
 
 
-Operation = ScheduleOp | CancelOp
+class CancelOp(_Op, tag="cancel"):
+    txn: str | None = None
+
+
+Operation = ScheduleOp | RescheduleOp | CancelOp
+_KIND: dict[type[_Op], str] = {
+    ScheduleOp: "schedule",
+    RescheduleOp: "reschedule",
+    CancelOp: "cancel",
+}
 
 
 @dataclass(frozen=True)
-class ApiLimits:
-    max_delay_ms: int
-    max_payload_bytes: int
+class Checked:
+    """One operation of a batch, validated; `payload` is the clear payload of a schedule."""
+
+    op: Operation
+    payload: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return _KIND[type(self.op)]
+
+    @property
+    def produces(self) -> bool:
+        return not isinstance(self.op, CancelOp)
 
 
-def _check_identity(queue: str, timer_key: str, where: str) -> None:
-    if not queue or "/" in queue or "\x00" in queue:
-        raise ApiError(400, "invalid_operation", f"{where}: queue must be one path segment")
-    if not timer_key or "\x00" in timer_key:
-        raise ApiError(400, "invalid_operation", f"{where}: timerKey must be non-empty")
+def _identity_problem(tenant: str, queue: str, timer_key: str, kernel: KernelConfig) -> str | None:
+    if check_identity(tenant, queue, timer_key, kernel) is None:
+        return None
+    limit = kernel.max_identity_bytes
+    if not queue or "/" in queue or "\x00" in queue or len(queue.encode()) > limit:
+        return f"queue must be one path segment of 1..{limit} bytes without NUL"
+    return f"timerKey must be 1..{limit} bytes without NUL"
 
 
-def parse_batch(body: bytes, limits: ApiLimits) -> list[tuple[Operation, Appendable]]:
+def parse_batch(
+    body: bytes,
+    *,
+    tenant: str,
+    limits: Limits,
+    kernel: KernelConfig,
+    queue_keys: Mapping[str, str] | None = None,
+) -> list[Checked]:
     """The whole batch, validated, or ApiError: nothing of a bad batch is appended."""
     try:
         doc = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
-        raise ApiError(400, "malformed_json", str(exc)) from exc
+        raise ApiError("malformed_json", str(exc)) from exc
     if (
         not isinstance(doc, dict)
         or set(doc) != {"operations"}
         or not isinstance(doc["operations"], list)
     ):
-        raise ApiError(400, "invalid_batch", 'expected {"operations": [...]}')
+        raise ApiError("invalid_batch", 'expected {"operations": [...]}')
     raw_ops = doc["operations"]
     if not 1 <= len(raw_ops) <= MAX_OPERATIONS:
-        raise ApiError(400, "invalid_batch", f"1 to {MAX_OPERATIONS} operations per call")
-    parsed: list[tuple[Operation, Appendable]] = []
-    for index, raw in enumerate(raw_ops):
-        where = f"operations[{index}]"
-        if isinstance(raw, dict):
-            owned = sorted(k for k in raw if k in SERVER_OWNED or str(k).startswith("_"))
-            if owned:
-                raise ApiError(
-                    400, "server_owned_field", f"{where}: {', '.join(owned)} is set by the server"
-                )
-        try:
-            op = msgspec.convert(raw, Operation)
-        except msgspec.ValidationError as exc:
-            raise ApiError(400, "invalid_operation", f"{where}: {exc}") from exc
-        _check_identity(op.queue, op.timer_key, where)
-        if isinstance(op, ScheduleOp):
-            parsed.append((op, _schedule_item(op, where, limits)))
-        else:
-            record = Cancel(DEFAULT_TENANT, op.queue, op.timer_key, txn=op.txn)
-            parsed.append((op, (record, None)))
-    return parsed
-
-
-def _schedule_item(op: ScheduleOp, where: str, limits: ApiLimits) -> Appendable:
-    if not 0 <= op.delay_ms <= limits.max_delay_ms:
-        raise ApiError(
-            400, "invalid_operation", f"{where}: delayMs must be in [0, {limits.max_delay_ms}]"
+        raise ApiError("invalid_batch", f"1 to {MAX_OPERATIONS} operations per call")
+    keys = queue_keys or {}
+    return [
+        _check_op(
+            raw,
+            f"operations[{index}]",
+            tenant=tenant,
+            limits=limits,
+            kernel=kernel,
+            queue_keys=keys,
         )
-    if op.txn is not None and not op.txn:
-        raise ApiError(400, "invalid_operation", f"{where}: txn must not be empty")
+        for index, raw in enumerate(raw_ops)
+    ]
+
+
+def _check_op(
+    raw: Any,
+    where: str,
+    *,
+    tenant: str,
+    limits: Limits,
+    kernel: KernelConfig,
+    queue_keys: Mapping[str, str],
+) -> Checked:
+    if isinstance(raw, dict):
+        owned = sorted(str(k) for k in raw if k in SERVER_OWNED or str(k).startswith("_"))
+        if owned:
+            raise ApiError(
+                "server_owned_field", f"{where}: {', '.join(owned)} is set by the server"
+            )
+    try:
+        op = msgspec.convert(raw, Operation)
+    except msgspec.ValidationError as exc:
+        raise ApiError("invalid_operation", f"{where}: {exc}") from exc
+    problem = _identity_problem(tenant, op.queue, op.timer_key, kernel)
+    if problem is not None:
+        raise ApiError("invalid_operation", f"{where}: {problem}")
+    if op.txn is not None and check_txn(op.txn, kernel) is not None:
+        raise ApiError("invalid_operation", f"{where}: txn must be 1..{kernel.max_txn_bytes} bytes")
+    if isinstance(op, CancelOp):
+        return Checked(op)
+    if op.delay_ms < 0:
+        raise ApiError("invalid_operation", f"{where}: delayMs must be >= 0")
+    if op.delay_ms > limits.horizon_ms:
+        raise ApiError(
+            "horizon_exceeded",
+            f"{where}: delayMs {op.delay_ms} is beyond the horizon of {limits.horizon_ms} ms",
+        )
+    if isinstance(op, RescheduleOp):
+        return Checked(op)
     try:
         payload = base64.b64decode(op.payload, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ApiError(400, "invalid_operation", f"{where}: payload is not base64") from exc
-    if len(payload) > limits.max_payload_bytes:
+        raise ApiError("invalid_operation", f"{where}: payload is not base64") from exc
+    ceiling = limits.payload_ceiling
+    key_id = queue_keys.get(op.queue)
+    if key_id is not None:
+        # The ceiling is on the clear payload, but the stored envelope must fit the kernel.
+        ceiling = min(ceiling, kernel.max_payload_bytes - crypto.ENVELOPE_OVERHEAD_BYTES(key_id))
+    if len(payload) > ceiling:
         raise ApiError(
-            413,
-            "payload_too_large",
-            f"{where}: {len(payload)} bytes > ceiling {limits.max_payload_bytes}",
+            "payload_too_large", f"{where}: {len(payload)} bytes > ceiling {max(ceiling, 0)}"
         )
     headers = tuple(sorted((op.headers or {}).items()))
-    if any(name.lower().startswith("nereus-") for name, _ in headers):
+    if any(name.lower().startswith(RESERVED_HEADER_PREFIX) for name, _ in headers):
+        raise ApiError("server_owned_field", f"{where}: nereus-* headers are set by the server")
+    if check_headers(headers, kernel) is not None:
         raise ApiError(
-            400, "server_owned_field", f"{where}: nereus-* headers are set by the server"
+            "invalid_operation",
+            f"{where}: headers: at most {kernel.max_headers}, names non-empty, "
+            f"{kernel.max_header_bytes} bytes in all",
         )
-    return schedule_record(
-        op.queue,
-        op.timer_key,
-        payload,
-        delay_ms=op.delay_ms,
-        txn=op.txn,
-        partition=op.partition,
-        headers=headers,
-    )
+    return Checked(op, payload, headers)
 
 
 def result_json(result: Result, kind: str) -> dict[str, Any]:
+    known = result.status in STATUSES and result.status != "rejected"
     out: dict[str, Any] = {
         "ok": result.ok,
-        "status": result.status if result.status in STATUSES else "rejected",
+        "status": result.status if known else "rejected",
         "queue": result.queue,
         "timerKey": result.timer_key,
         "txn": result.txn,
     }
-    if result.status not in STATUSES:
+    if not known:
         out["code"] = result.status
     if result.message_id is not None and result.status != "absent":
         out["messageId"] = result.message_id
-    if kind == "schedule" and result.ok:
+    if kind in ("schedule", "reschedule") and result.ok:
         out["deliverAt"] = result.deliver_at_ms
     if result.status == "too_late":
         out["attemptId"] = result.attempt_id
@@ -263,133 +388,444 @@ def result_json(result: Result, kind: str) -> dict[str, Any]:
     return out
 
 
-class TimerApi:
-    """Routes requests to a `Nereus` instance; independent of the HTTP server class so tests
-    can call `handle` directly."""
+def peek_json(p: Peek) -> dict[str, Any]:
+    if not p.found:
+        return {"found": False}
+    return {
+        "found": True,
+        "queue": p.queue,
+        "timerKey": p.timer_key,
+        "status": p.status,
+        "partition": p.partition,
+        "deliverAt": p.deliver_at_ms,
+        "expireAt": p.expire_at_ms,
+        "txn": p.txn,
+        "messageId": p.message_id,
+        "generation": p.generation,
+        "payload": p.payload,
+        "encrypted": p.encrypted,
+        "producerSub": p.producer_sub,
+        "attempts": p.attempts,
+        "lastError": p.last_error,
+        "claimed": p.claimed,
+        "createdAt": p.created_at_ms,
+        "updatedAt": p.updated_at_ms,
+    }
 
-    def __init__(self, backend: Nereus | TimerBackend, *, commit_timeout_s: float = 30.0) -> None:
+
+def row_json(m: Message) -> dict[str, Any]:
+    return {
+        "queue": m.queue,
+        "timerKey": m.timer_key,
+        "status": str(m.status),
+        "partition": m.partition_key,
+        "deliverAt": m.deliver_at_ms,
+        "expireAt": m.expire_at_ms,
+        "txn": m.txn,
+        "messageId": m.message_id,
+        "generation": m.generation,
+        "encrypted": m.encrypted,
+        "producerSub": m.producer_sub,
+        "attempts": m.attempts_admitted,
+        "lastError": m.last_error,
+        "createdAt": m.created_at_ms,
+        "updatedAt": m.updated_at_ms,
+    }
+
+
+# The API ----------------------------------------------------------------------------------
+
+_TIMERS = "/api/v1/timers"
+_DLQ = "/api/v1/dlq/"
+_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE"})
+_FIXED_ROUTES = frozenset(
+    {"/metrics", "/healthz", "/openapi.json", "/api/v1/admin/metering", "/api/v1/admin/block"}
+)
+
+
+class TimerApi:
+    """Routes requests to a backend; independent of the HTTP server class so tests can call
+    `handle` (or `respond`, with headers) directly."""
+
+    def __init__(
+        self,
+        backend: Nereus | TimerBackend,
+        *,
+        tenancy: Tenancy | None = None,
+        commit_timeout_s: float = 30.0,
+        rate_limiter: RateLimiter | None = None,
+        logger: Logger | None = None,
+    ) -> None:
         self.backend: TimerBackend = (
             EmbeddedBackend(backend) if isinstance(backend, Nereus) else backend
         )
-        cfg = self.backend.kernel_config
-        self.limits = ApiLimits(
-            max_delay_ms=cfg.limits.max_delay_horizon_ms,
-            max_payload_bytes=cfg.max_payload_bytes,
+        self.tenancy = tenancy or Tenancy.open_default()
+        self.kernel = self.backend.kernel_config
+        self.tenancy.check_kernel(self.kernel)
+        self.limits = {
+            name: self.tenancy.limits(name, self.kernel) for name in self.tenancy.tenants
+        }
+        all_grants = frozenset(GRANTS)
+        self.auth = Authenticator(
+            self.tenancy.credentials,
+            disabled_as=Principal(DEFAULT_TENANT, None, all_grants)
+            if self.tenancy.auth_disabled
+            else None,
         )
+        self.max_body_bytes = self.tenancy.server.max_body_bytes
         self.commit_timeout_s = commit_timeout_s
+        self.meter = Meter(self.backend.metrics, self.tenancy.tenants)
+        self.rates = rate_limiter or RateLimiter()
+        self.blocks = Blocks()
+        self.log = logger or NullLogger()
+        self._openapi = msgspec.json.encode(build_document(self.tenancy, self.kernel))
 
-    def handle(self, method: str, target: str, body: bytes) -> tuple[int, str, bytes]:
+    # Entry points -------------------------------------------------------------------------
+
+    def handle(
+        self, method: str, target: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, str, bytes]:
         """(status, content type, body)."""
+        r = self.respond(method, target, body, headers)
+        return r.status, r.content_type, r.body
+
+    def respond(
+        self, method: str, target: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> Response:
+        lowered = {k.lower(): v for k, v in (headers or {}).items()}
         try:
-            response = self._route(method, target, body)
+            response = self._route(method, target, body, lowered)
         except ApiError as exc:
-            doc = {"error": {"code": exc.code, "message": str(exc)}}
-            response = exc.status, "application/json", msgspec.json.encode(doc)
+            response = error_response(exc.code, str(exc), exc.headers)
+        except Exception as exc:  # a bug: answer, log, never blame the request
+            self.log.error(
+                "http_internal_error",
+                method=method,
+                route=route_label(method, target),
+                error=repr(exc),
+                traceback=traceback.format_exc(),
+            )
+            response = error_response("internal_error", "internal error (logged)")
         self.backend.metrics.inc(
             "nereus_http_requests_total",
-            labels={"route": _route_label(method, target), "status": str(response[0])},
+            labels={"route": route_label(method, target), "status": str(response.status)},
         )
         return response
 
-    def _route(self, method: str, target: str, body: bytes) -> tuple[int, str, bytes]:
+    # Routing ------------------------------------------------------------------------------
+
+    def _route(self, method: str, target: str, body: bytes, headers: Mapping[str, str]) -> Response:
         url = urllib.parse.urlsplit(target)
         path = url.path
         if path == "/metrics":
             self._only(method, "GET")
-            return 200, "text/plain; version=0.0.4", self.backend.metrics.render().encode()
+            return Response(
+                200, "text/plain; version=0.0.4", self.backend.metrics.render().encode()
+            )
         if path == "/healthz":
             self._only(method, "GET")
             ok, doc = self.backend.health()
-            return (200 if ok else 503), "application/json", msgspec.json.encode(doc)
-        if path == "/api/v1/timers":
+            return Response(200 if ok else 503, _JSON, msgspec.json.encode(doc))
+        if path == "/openapi.json":
+            self._only(method, "GET")
+            return Response(200, _JSON, self._openapi)
+        if path == _TIMERS:
             self._only(method, "POST")
-            return self._post(body)
-        prefix = "/api/v1/timers/"
-        if path.startswith(prefix):
-            queue_raw, _, key_raw = path[len(prefix) :].partition("/")
+            who = self._authorize(headers, "POST", _TIMERS)
+            return self._post(who, body)
+        if path.startswith(_TIMERS + "/"):
+            queue_raw, slash, key_raw = path[len(_TIMERS) + 1 :].partition("/")
             queue = urllib.parse.unquote(queue_raw)
+            if not slash:
+                self._only(method, "GET")
+                who = self._authorize(headers, "GET", _TIMERS + "/{queue}")
+                return self._list(who, queue, url.query)
             timer_key = urllib.parse.unquote(key_raw)
-            _check_identity(queue, timer_key, "path")
             if method == "GET":
-                return self._json(200, self._peek(queue, timer_key))
+                who = self._authorize(headers, "GET", _TIMERS + "/{queue}/{timerKey}")
+                return self._peek(who, queue, timer_key)
             if method == "DELETE":
-                txn = urllib.parse.parse_qs(url.query).get("txn", [None])[0]
-                return self._delete(queue, timer_key, txn)
-            raise ApiError(405, "method_not_allowed", f"{method} {prefix}{{queue}}/{{timerKey}}")
-        raise ApiError(404, "not_found", f"no route {path}")
+                who = self._authorize(headers, "DELETE", _TIMERS + "/{queue}/{timerKey}")
+                return self._delete(who, queue, timer_key, url.query)
+            raise ApiError("method_not_allowed", f"{method} {_TIMERS}/{{queue}}/{{timerKey}}")
+        if path == "/api/v1/admin/metering":
+            self._only(method, "GET")
+            who = self._authorize(headers, "GET", path)
+            return self._metering(who)
+        if path == "/api/v1/admin/block":
+            self._only(method, "PUT")
+            who = self._authorize(headers, "PUT", path)
+            return self._block(who, body)
+        if path.startswith(_DLQ) and path.endswith("/replay") and "/" in path[len(_DLQ) :]:
+            self._only(method, "POST")
+            self._authorize(headers, "POST", _DLQ + "{queue}/{timerKey}/replay")
+            raise ApiError(
+                "dlq_replay_refused",
+                "a dead letter is not replayed: it never had a consumer group and its offset "
+                "is not a position; schedule a new timer instead",
+            )
+        raise ApiError("not_found", f"no route {path}")
 
     @staticmethod
     def _only(method: str, allowed: str) -> None:
         if method != allowed:
-            raise ApiError(405, "method_not_allowed", f"use {allowed}")
+            raise ApiError("method_not_allowed", f"use {allowed}")
+
+    def _authorize(self, headers: Mapping[str, str], method: str, route: str) -> Principal:
+        try:
+            who = self.auth.authenticate(headers.get("authorization"))
+        except Unauthorized as exc:
+            raise ApiError(
+                "unauthorized", str(exc), headers=(("WWW-Authenticate", 'Bearer realm="nereus"'),)
+            ) from None
+        grant = route_grant(method, route)
+        if grant in GRANTS and grant not in who.grants:
+            raise ApiError("missing_grant", f"{method} {route} needs the {grant!r} grant")
+        return who
 
     @staticmethod
-    def _json(status: int, doc: Any) -> tuple[int, str, bytes]:
-        return status, "application/json", msgspec.json.encode(doc)
+    def _json(status: int, doc: Any) -> Response:
+        return Response(status, _JSON, msgspec.json.encode(doc))
 
-    def _commit(self, items: list[Appendable]) -> list[Any]:
+    def _policy(self, who: Principal) -> TenantPolicy:
+        return self.tenancy.tenants[who.tenant]
+
+    def _check_path(self, who: Principal, queue: str, timer_key: str | None) -> None:
+        problem = _identity_problem(who.tenant, queue, timer_key or "k", self.kernel)
+        if problem is not None:
+            raise ApiError("invalid_path", problem)
+
+    # Commands -----------------------------------------------------------------------------
+
+    def _commit(self, items: list[Appendable]) -> list[EntryOutcome]:
         try:
             return self.backend.execute(items, self.commit_timeout_s)
         except Overloaded as exc:
-            raise ApiError(429, "overloaded", str(exc)) from exc
+            raise ApiError("overloaded", str(exc), headers=(("Retry-After", "1"),)) from exc
         except (RuntimeHalted, TimeoutError, Unavailable) as exc:
-            raise ApiError(503, "unavailable", str(exc)) from exc
+            raise ApiError("unavailable", str(exc)) from exc
 
-    def _post(self, body: bytes) -> tuple[int, str, bytes]:
-        parsed = parse_batch(body, self.limits)
-        outcomes = self._commit([item for _, item in parsed])
-        results = [
-            result_json(
-                to_result(outcome, op.queue, op.timer_key),
-                "schedule" if isinstance(op, ScheduleOp) else "cancel",
+    def _post(self, who: Principal, body: bytes) -> Response:
+        policy = self._policy(who)
+        checked = parse_batch(
+            body,
+            tenant=who.tenant,
+            limits=self.limits[who.tenant],
+            kernel=self.kernel,
+            queue_keys=policy.queue_keys,
+        )
+        wait = self.rates.take(who.tenant, policy.max_ops_per_s, len(checked))
+        if wait is not None:
+            raise ApiError(
+                "rate_limited",
+                f"tenant {who.tenant!r} may send {policy.max_ops_per_s} operations per second",
+                headers=(("Retry-After", str(retry_after_s(wait))),),
             )
-            for (op, _), outcome in zip(parsed, outcomes, strict=True)
+        if any(c.produces for c in checked):
+            self._check_may_produce(who, policy)
+        items = [self._item(who, policy, c) for c in checked]
+        outcomes = self._commit(items)
+        results = [
+            result_json(to_result(outcome, c.op.queue, c.op.timer_key), c.kind)
+            for c, outcome in zip(checked, outcomes, strict=True)
         ]
+        metered = sum(
+            1
+            for c, r in zip(checked, results, strict=True)
+            if c.produces and r["status"] in METERED_STATUSES
+        )
+        if metered:
+            self.meter.add(who.tenant, metered)
         return self._json(200, {"results": results})
 
-    def _delete(self, queue: str, timer_key: str, txn: str | None) -> tuple[int, str, bytes]:
-        record = Cancel(DEFAULT_TENANT, queue, timer_key, txn=txn)
+    def blocked(self, tenant: str) -> bool:
+        """Blocked for producing by the operator or an admin (not by quota or storage)."""
+        policy = self.tenancy.tenants[tenant]
+        return self.tenancy.server.blocked or policy.blocked or self.blocks.get(tenant)
+
+    def _check_may_produce(self, who: Principal, policy: TenantPolicy) -> None:
+        if self.blocked(who.tenant):
+            raise ApiError(
+                "produce_blocked",
+                f"producing is blocked for tenant {who.tenant!r}; cancels still work",
+                headers=_HINT,
+            )
+        if policy.has_quota:
+            try:
+                usage = self.backend.tenant_usage(who.tenant)
+            except ShardNotLocal as exc:
+                raise ApiError("shard_not_local", f"the tenant's usage: {exc}") from exc
+            over = []
+            if policy.max_live_timers is not None and usage.live >= policy.max_live_timers:
+                over.append(f"{usage.live} live timers of {policy.max_live_timers}")
+            if policy.max_bytes is not None and usage.bytes >= policy.max_bytes:
+                over.append(f"{usage.bytes} payload bytes of {policy.max_bytes}")
+            if over:
+                raise ApiError(
+                    "over_quota",
+                    f"tenant {who.tenant!r} is at its quota ({'; '.join(over)}); cancel timers "
+                    "to produce again",
+                    headers=_HINT,
+                )
+        used = self.backend.map_usage()
+        if used >= STORAGE_FULL_FRACTION:
+            raise ApiError(
+                "storage_full",
+                f"storage is {used:.0%} full: producing is paused; cancels still work",
+                headers=_HINT,
+            )
+
+    def _item(self, who: Principal, policy: TenantPolicy, c: Checked) -> Appendable:
+        op = c.op
+        if isinstance(op, CancelOp):
+            return Cancel(who.tenant, op.queue, op.timer_key, txn=op.txn), None
+        if isinstance(op, RescheduleOp):
+            record = Reschedule(
+                tenant=who.tenant,
+                queue=op.queue,
+                timer_key=op.timer_key,
+                txn=op.txn or uuid.uuid4().hex,
+                delay_ms=op.delay_ms,
+            )
+            return record, None
+        payload, encrypted = c.payload, False
+        key_id = policy.queue_keys.get(op.queue)
+        if key_id is not None:
+            payload, encrypted = self._seal(who, key_id, op, c.payload), True
+        return schedule_record(
+            op.queue,
+            op.timer_key,
+            payload,
+            tenant=who.tenant,
+            delay_ms=op.delay_ms,
+            txn=op.txn,
+            partition=op.partition,
+            headers=c.headers,
+            producer_sub=who.subject,
+            encrypted=encrypted,
+        )
+
+    def _seal(self, who: Principal, key_id: str, op: ScheduleOp, clear: bytes) -> bytes:
+        """The envelope to schedule. Sealing is deterministic (adapters/crypto.py), so an
+        identical retry is the identical request and the kernel answers `unchanged`."""
+        return crypto.seal(
+            self.tenancy.keyring,
+            key_id,
+            clear,
+            tenant=who.tenant,
+            queue=op.queue,
+            timer_key=op.timer_key,
+        )
+
+    def _delete(self, who: Principal, queue: str, timer_key: str, query: str) -> Response:
+        ok, _ = self.backend.health()
+        if not ok:
+            raise ApiError("not_booted", "the service is not booted (see /healthz)")
+        self._check_path(who, queue, timer_key)
+        txn = _query_value(query, "txn")
+        if txn is not None and check_txn(txn, self.kernel) is not None:
+            raise ApiError("invalid_query", f"txn must be 1..{self.kernel.max_txn_bytes} bytes")
+        record = Cancel(who.tenant, queue, timer_key, txn=txn)
         outcome = self._commit([(record, None)])[0]
         return self._json(200, result_json(to_result(outcome, queue, timer_key), "cancel"))
 
-    def _peek(self, queue: str, timer_key: str) -> dict[str, Any]:
+    # Reads --------------------------------------------------------------------------------
+
+    def _peek(self, who: Principal, queue: str, timer_key: str) -> Response:
+        self._check_path(who, queue, timer_key)
         try:
-            p = self.backend.peek(queue, timer_key)
+            p = self.backend.peek(queue, timer_key, tenant=who.tenant)
         except ShardNotLocal as exc:
-            raise ApiError(503, "shard_not_local", str(exc)) from exc
-        if not p.found:
-            return {"found": False}
-        return {
-            "found": True,
-            "queue": p.queue,
-            "timerKey": p.timer_key,
-            "status": p.status,
-            "partition": p.partition,
-            "deliverAt": p.deliver_at_ms,
-            "expireAt": p.expire_at_ms,
-            "txn": p.txn,
-            "messageId": p.message_id,
-            "generation": p.generation,
-            "payload": p.payload,
-            "encrypted": p.encrypted,
-            "producerSub": p.producer_sub,
-            "attempts": p.attempts,
-            "lastError": p.last_error,
-            "claimed": p.claimed,
-            "createdAt": p.created_at_ms,
-            "updatedAt": p.updated_at_ms,
-        }
+            raise ApiError("shard_not_local", str(exc)) from exc
+        return self._json(200, peek_json(p))
+
+    def _list(self, who: Principal, queue: str, query: str) -> Response:
+        self._check_path(who, queue, None)
+        after = _query_value(query, "after") or None
+        raw_limit = _query_value(query, "limit")
+        limit = LIST_DEFAULT_LIMIT
+        if raw_limit is not None:
+            try:
+                limit = int(raw_limit.strip(), 10)
+            except ValueError:
+                raise ApiError("invalid_query", "limit must be an integer") from None
+            limit = min(max(limit, 1), LIST_MAX_LIMIT)
+        try:
+            rows, truncated = self.backend.list_timers(queue, after, limit, tenant=who.tenant)
+        except ShardNotLocal as exc:
+            raise ApiError("shard_not_local", str(exc)) from exc
+        return self._json(
+            200,
+            {
+                "rows": [row_json(m) for m in rows],
+                "truncated": truncated,
+                "nextAfter": rows[-1].timer_key if truncated and rows else None,
+            },
+        )
+
+    # Admin --------------------------------------------------------------------------------
+
+    def _metering(self, who: Principal) -> Response:
+        return self._json(
+            200,
+            {
+                "tenant": who.tenant,
+                "messages": self.meter.count(who.tenant),
+                "since": self.meter.started_at_ms,
+            },
+        )
+
+    def _block(self, who: Principal, body: bytes) -> Response:
+        try:
+            doc = msgspec.json.decode(body)
+        except msgspec.DecodeError as exc:
+            raise ApiError("malformed_json", str(exc)) from exc
+        if (
+            not isinstance(doc, dict)
+            or set(doc) != {"blocked"}
+            or not isinstance(doc["blocked"], bool)
+        ):
+            raise ApiError("invalid_body", 'expected {"blocked": true|false}')
+        self.blocks.set(who.tenant, doc["blocked"])
+        self.log.info("tenant_block", tenant=who.tenant, blocked=doc["blocked"], by=who.subject)
+        return self._json(
+            200,
+            {
+                "tenant": who.tenant,
+                "adminBlocked": doc["blocked"],
+                "blocked": self.blocked(who.tenant),
+            },
+        )
 
 
-def _route_label(method: str, target: str) -> str:
+def _query_value(query: str, name: str) -> str | None:
+    values = urllib.parse.parse_qs(query, keep_blank_values=True).get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ApiError("invalid_query", f"{name} given {len(values)} times")
+    return values[0]
+
+
+def route_label(method: str, target: str) -> str:
+    """A bounded label: a route template and a known method (or "other")."""
+    if method not in _METHODS:
+        return "other"
     path = urllib.parse.urlsplit(target).path
-    if path == "/api/v1/timers":
-        return f"{method} /api/v1/timers"
-    if path.startswith("/api/v1/timers/"):
-        return f"{method} /api/v1/timers/{{queue}}/{{timerKey}}"
-    if path in ("/metrics", "/healthz"):
+    if path == _TIMERS:
+        return f"{method} {_TIMERS}"
+    if path.startswith(_TIMERS + "/"):
+        if "/" in path[len(_TIMERS) + 1 :]:
+            return f"{method} {_TIMERS}/{{queue}}/{{timerKey}}"
+        return f"{method} {_TIMERS}/{{queue}}"
+    if path.startswith(_DLQ):
+        return f"{method} {_DLQ}{{queue}}/{{timerKey}}/replay"
+    if path in _FIXED_ROUTES:
         return f"{method} {path}"
     return "other"
+
+
+# The server -------------------------------------------------------------------------------
 
 
 def make_handler(api: TimerApi) -> type[BaseHTTPRequestHandler]:
@@ -398,21 +834,49 @@ def make_handler(api: TimerApi) -> type[BaseHTTPRequestHandler]:
         server_version = "nereus"
 
         def _serve(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                doc = {"error": {"code": "body_too_large", "message": f"over {MAX_BODY_BYTES}"}}
-                status, ctype, body = 413, "application/json", msgspec.json.encode(doc)
-                self.close_connection = True
-            else:
-                data = self.rfile.read(length) if length else b""
-                status, ctype, body = api.handle(self.command, self.path, data)
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
+            response = self._read_and_respond()
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(response.body)))
+            for name, value in response.headers:
+                self.send_header(name, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(response.body)
+
+        def _read_and_respond(self) -> Response:
+            if self.headers.get("Transfer-Encoding") is not None:
+                self.close_connection = True
+                return error_response(
+                    "malformed_request", "send the body with a Content-Length, not chunked"
+                )
+            raw_length = self.headers.get("Content-Length")
+            try:
+                length = int(raw_length) if raw_length is not None else 0
+                if length < 0:
+                    raise ValueError
+            except ValueError:
+                self.close_connection = True
+                return error_response("malformed_request", "Content-Length is not a count")
+            if length > api.max_body_bytes:
+                self.close_connection = True
+                return error_response(
+                    "body_too_large", f"{length} bytes > {api.max_body_bytes} accepted"
+                )
+            data = self.rfile.read(length) if length else b""
+            headers = {name: value for name, value in self.headers.items()}
+            return api.respond(self.command, self.path, data, headers)
 
         do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve  # noqa: N815
+
+        def __getattr__(self, name: str) -> Any:
+            # Any other method (HEAD, OPTIONS, TRACE, made-up ones) is routed too, so it is
+            # answered 404/405 with a JSON error body instead of http.server's HTML 501.
+            if name.startswith("do_"):
+                return self._serve
+            raise AttributeError(name)
 
         def log_message(self, format: str, *args: Any) -> None:
             return  # requests are counted in metrics, not logged one by one

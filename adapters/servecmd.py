@@ -1,7 +1,11 @@
 """`nereus serve` and `nereus tail`: run the service, and read what it delivered.
 
 `nereus serve --data DIR` runs the embedded default (one shard, LMDB log, local
-destination). `nereus serve --kafka BOOTSTRAP --data DIR` runs Kafka mode
+destination). `--config FILE` (TOML, `specs/http.md`) gives the tenants, their credentials,
+limits and queue encryption keys, and the listen address; without it the service has one
+tenant `default`, no authentication, and binds loopback only.
+
+`nereus serve --kafka BOOTSTRAP --data DIR` runs Kafka mode
 (`adapters.kafka_service`): the shards are the partitions of the commands topic, shared by
 every process in the group, and timers are published to Kafka topics (`--topic QUEUE=TOPIC`;
 a queue not listed publishes to the topic of its own name).
@@ -29,6 +33,7 @@ from adapters.embedded import Nereus
 from adapters.http_api import HttpServer, TimerApi
 from adapters.kafka_service import KafkaService, KafkaServiceConfig
 from adapters.local_destination import LocalDestination, LocalRecord
+from adapters.tenancy import ConfigError, Tenancy, load_tenancy
 from runtime.config import RuntimeConfig
 from runtime.log import Logger
 from storage.errors import StoreError
@@ -37,7 +42,15 @@ from storage.errors import StoreError
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser("serve", help="run one shard with the HTTP API")
     p.add_argument("--data", required=True, help="data directory (shard store + local topics)")
-    p.add_argument("--http", default="127.0.0.1:6632", metavar="HOST:PORT")
+    p.add_argument(
+        "--config", metavar="FILE", help="service configuration (TOML): tenants, tokens, limits"
+    )
+    p.add_argument(
+        "--http",
+        default=None,
+        metavar="HOST:PORT",
+        help="listen address (default: [server] host/port of the config, else 127.0.0.1:6632)",
+    )
     p.add_argument(
         "--assume-clock-error-ms",
         type=float,
@@ -88,28 +101,83 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _listen_address(args: argparse.Namespace, log: Logger) -> tuple[str, int] | None:
-    host, _, port_text = args.http.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    if not _is_loopback(host):
+def _listen_address(
+    args: argparse.Namespace, tenancy: Tenancy, log: Logger
+) -> tuple[str, int] | None:
+    if args.http is None:
+        host, port = tenancy.server.host, tenancy.server.port
+    else:
+        host, _, port_text = args.http.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        try:
+            port = int(port_text)
+        except ValueError:
+            log.error("refused", detail=f"--http wants HOST:PORT, not {args.http!r}")
+            return None
+    if tenancy.auth_disabled and not _is_loopback(host):
         log.error(
             "refused",
-            detail="without a tenant configuration the service has no authentication and "
-            "binds loopback only",
-            http=args.http,
+            detail=f"without --config the service has no authentication and binds loopback "
+            f"only; {host!r} is not a loopback address (give a --config with tenants and "
+            "tokens to listen elsewhere)",
+            http=f"{host}:{port}",
         )
         return None
-    return host, int(port_text)
+    return host, port
+
+
+def _tenancy(args: argparse.Namespace, log: Logger) -> Tenancy | None:
+    if args.config is None:
+        return Tenancy.open_default()
+    try:
+        return load_tenancy(args.config)
+    except ConfigError as exc:
+        log.error("refused", detail=str(exc), config=exc.source, key=exc.key)
+        return None
+
+
+def _api(
+    backend: Nereus | KafkaService, tenancy: Tenancy, log: Logger, host: str, port: int
+) -> tuple[TimerApi, HttpServer] | None:
+    try:
+        api = TimerApi(backend, tenancy=tenancy, logger=log)
+    except ConfigError as exc:
+        log.error("refused", detail=str(exc), config=exc.source, key=exc.key)
+        return None
+    try:
+        server = HttpServer(api, host, port)
+    except OSError as exc:
+        log.error("refused", detail=f"cannot listen on {host}:{port}: {exc}")
+        return None
+    return api, server
+
+
+def _log_auth(tenancy: Tenancy, log: Logger) -> None:
+    if tenancy.auth_disabled:
+        log.warning(
+            "auth_disabled",
+            detail="no --config: one tenant 'default', no credentials, every grant, loopback only",
+        )
+    else:
+        log.info(
+            "tenancy",
+            config=tenancy.source,
+            tenants=sorted(tenancy.tenants),
+            tokens=len(tenancy.credentials),
+        )
 
 
 def serve(args: argparse.Namespace) -> int:
     log = Logger(level=args.log_level)
-    address = _listen_address(args, log)
+    tenancy = _tenancy(args, log)
+    if tenancy is None:
+        return 2
+    address = _listen_address(args, tenancy, log)
     if address is None:
         return 2
     host, port = address
     if args.kafka:
-        return serve_kafka(args, log, host, port)
+        return serve_kafka(args, log, tenancy, host, port)
     try:
         nereus = Nereus.open(
             args.data,
@@ -123,18 +191,14 @@ def serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    try:
-        server = HttpServer(TimerApi(nereus), host, port)
-    except OSError as exc:
-        log.error("refused", detail=f"cannot listen on {args.http}: {exc}")
+    made = _api(nereus, tenancy, log, host, port)
+    if made is None:
         nereus.close()
         return 2
+    _, server = made
     nereus.start()
     server.start()
-    log.warning(
-        "no_authentication",
-        detail="no tenant configuration: one default tenant, no credentials, loopback only",
-    )
+    _log_auth(tenancy, log)
     log.info(
         "serving",
         url=f"http://{host}:{server.port}",
@@ -153,7 +217,9 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_kafka(args: argparse.Namespace, log: Logger, host: str, port: int) -> int:
+def serve_kafka(
+    args: argparse.Namespace, log: Logger, tenancy: Tenancy, host: str, port: int
+) -> int:
     topics: dict[str, str] = {}
     for spec in args.topic:
         queue, sep, topic = spec.partition("=")
@@ -193,17 +259,13 @@ def serve_kafka(args: argparse.Namespace, log: Logger, host: str, port: int) -> 
         log.error("refused", detail=f"Kafka mode cannot start: {exc}")
         service.close()
         return 2
-    try:
-        server = HttpServer(TimerApi(service), host, port)
-    except OSError as exc:
-        log.error("refused", detail=f"cannot listen on {args.http}: {exc}")
+    made = _api(service, tenancy, log, host, port)
+    if made is None:
         service.close()
         return 2
+    _, server = made
     server.start()
-    log.warning(
-        "no_authentication",
-        detail="no tenant configuration: one default tenant, no credentials, loopback only",
-    )
+    _log_auth(tenancy, log)
     log.info(
         "serving",
         url=f"http://{host}:{server.port}",

@@ -1,0 +1,191 @@
+"""The HTTP timer API's closed lists and limits, in one place.
+
+Theory of operation: the routes (`adapters.http_api`) and the OpenAPI document
+(`adapters.openapi`) are both built from the constants here, so the document cannot promise a
+code, a status or a limit the service does not have. Adding an error code is a protocol
+change: it goes into `ERRORS` (with its HTTP status) and into `specs/http.md`.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, NamedTuple
+
+# Operations per POST batch.
+MAX_OPERATIONS: Final = 256
+# The payload ceiling never exceeds this, whatever the cell, plan or kernel say.
+MAX_PAYLOAD_CEILING_BYTES: Final = 1024 * 1024
+# Request bodies larger than this are refused unread unless the config says otherwise.
+DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+# List: rows per page.
+LIST_DEFAULT_LIMIT: Final = 100
+LIST_MAX_LIMIT: Final = 1000
+# The LMDB map is "full" for producing at this fraction.
+STORAGE_FULL_FRACTION: Final = 0.95
+
+SERVER_OWNED: Final = frozenset({"producerSub", "messageId", "tenant"})
+RESERVED_HEADER_PREFIX: Final = "nereus-"
+
+# The statuses a result element may carry. "rejected" is the guard for a kernel verdict the
+# edge checks should have made impossible; it carries the kernel code in "code".
+STATUSES: Final = (
+    "scheduled",
+    "rescheduled",
+    "unchanged",
+    "canceled",
+    "too_late",
+    "absent",
+    "rejected",
+)
+# Result statuses that count one metered message (a new promise: a new generation).
+METERED_STATUSES: Final = frozenset({"scheduled", "rescheduled"})
+
+Grant = Literal["produce", "read", "admin"]
+GRANTS: Final[tuple[Grant, ...]] = ("produce", "read", "admin")
+
+# The header a refused producing batch carries: what the caller can still do.
+HINT_HEADER: Final = "x-nereus-timers-hint"
+HINT_VALUE: Final = "DELETE /api/v1/timers/{queue}/{timerKey}"
+
+# code -> (HTTP status, meaning). Every error body is {"error": {"code", "message"}}.
+ERRORS: Final[dict[str, tuple[int, str]]] = {
+    "malformed_request": (
+        400,
+        "The HTTP request itself is malformed (Content-Length, chunked body).",
+    ),
+    "malformed_json": (400, "The body is not JSON."),
+    "invalid_batch": (400, 'The body is not {"operations": [...]} with 1 to 256 operations.'),
+    "invalid_operation": (400, "An operation is malformed; the message names which and why."),
+    "invalid_path": (400, "A queue or timerKey in the path is empty, too long or malformed."),
+    "invalid_query": (400, "A query parameter is malformed (e.g. a limit that is no integer)."),
+    "invalid_body": (400, "The body is JSON but not the document this route takes."),
+    "server_owned_field": (
+        400,
+        "An operation sets producerSub, messageId, tenant, a _-field or a nereus-* header.",
+    ),
+    "unauthorized": (401, "No credential, a malformed one, or one this service does not know."),
+    "missing_grant": (403, "The credential lacks the grant this route needs."),
+    "horizon_exceeded": (403, "delayMs is beyond the tenant's horizon (a plan verdict)."),
+    "over_quota": (
+        403,
+        "The tenant is at its quota of live timers or bytes: cancel timers to produce again.",
+    ),
+    "produce_blocked": (403, "Producing is blocked for the tenant by an operator or admin."),
+    "dlq_replay_refused": (
+        403,
+        "Dead letters are not replayed: schedule a new timer instead.",
+    ),
+    "not_found": (404, "No such route."),
+    "method_not_allowed": (405, "The route does not take this method."),
+    "payload_too_large": (413, "A payload is larger than the payload ceiling."),
+    "body_too_large": (413, "The request body is larger than the server accepts."),
+    "rate_limited": (
+        429,
+        "The tenant's rate of POST operations is spent: retry after Retry-After.",
+    ),
+    "overloaded": (429, "The intake queue is full: retry later."),
+    "internal_error": (500, "A bug in the service (never caused by the request's content)."),
+    "unavailable": (503, "The service cannot commit right now (not your fault)."),
+    "not_booted": (503, "The service has not finished starting (or has halted)."),
+    "storage_full": (503, "The cell's storage is nearly full: producing is paused."),
+    "shard_not_local": (
+        503,
+        "Kafka mode: the timer's shard is not owned by this process; ask the process that "
+        "owns it (see /healthz) or retry after the shards move.",
+    ),
+}
+
+ERROR_CODES: Final[dict[str, str]] = {code: text for code, (_, text) in ERRORS.items()}
+ERROR_STATUS: Final[dict[str, int]] = {code: status for code, (status, _) in ERRORS.items()}
+
+# Errors any route may answer, before it is even known which route it is.
+COMMON_ERRORS: Final = ("malformed_request", "body_too_large", "internal_error")
+
+
+class Route(NamedTuple):
+    """One route: who may call it (a grant, `any` valid credential of a tenant, or `public`)
+    and the error codes it may answer besides `COMMON_ERRORS`."""
+
+    method: str
+    path: str
+    needs: Grant | Literal["any", "public"]
+    errors: tuple[str, ...]
+    summary: str
+
+
+_WRITE = ("overloaded", "unavailable")
+_PRODUCE_BLOCKS = ("produce_blocked", "over_quota", "storage_full")
+
+ROUTES: Final[tuple[Route, ...]] = (
+    Route(
+        "POST",
+        "/api/v1/timers",
+        "produce",
+        (
+            "unauthorized",
+            "missing_grant",
+            "malformed_json",
+            "invalid_batch",
+            "invalid_operation",
+            "server_owned_field",
+            "horizon_exceeded",
+            "payload_too_large",
+            "rate_limited",
+            *_PRODUCE_BLOCKS,
+            "shard_not_local",
+            *_WRITE,
+        ),
+        "Schedule, reschedule and cancel timers: one batch, appended as one unit.",
+    ),
+    Route(
+        "DELETE",
+        "/api/v1/timers/{queue}/{timerKey}",
+        "any",
+        ("unauthorized", "not_booted", "invalid_path", "invalid_query", *_WRITE),
+        "Cancel a timer. Never refused by a grant, block, quota or rate limit.",
+    ),
+    Route(
+        "GET",
+        "/api/v1/timers/{queue}/{timerKey}",
+        "read",
+        ("unauthorized", "missing_grant", "invalid_path", "shard_not_local"),
+        "Peek at a timer's stored row (the payload as stored: never decrypted).",
+    ),
+    Route(
+        "GET",
+        "/api/v1/timers/{queue}",
+        "read",
+        ("unauthorized", "missing_grant", "invalid_path", "invalid_query", "shard_not_local"),
+        "List the queue's live timers in byte order of timerKey, without payloads.",
+    ),
+    Route(
+        "GET",
+        "/api/v1/admin/metering",
+        "admin",
+        ("unauthorized", "missing_grant"),
+        "The caller's tenant's metered messages since the process started.",
+    ),
+    Route(
+        "PUT",
+        "/api/v1/admin/block",
+        "admin",
+        ("unauthorized", "missing_grant", "malformed_json", "invalid_body"),
+        "Block or unblock producing for the caller's tenant (this process, in memory).",
+    ),
+    Route(
+        "POST",
+        "/api/v1/dlq/{queue}/{timerKey}/replay",
+        "any",
+        ("unauthorized", "dlq_replay_refused"),
+        "Always refused: dead letters are not replayed.",
+    ),
+    Route("GET", "/healthz", "public", (), "Liveness and what this process serves."),
+    Route("GET", "/metrics", "public", (), "Prometheus metrics."),
+    Route("GET", "/openapi.json", "public", (), "This document."),
+)
+
+_NEEDS: Final = {(r.method, r.path): r.needs for r in ROUTES}
+
+
+def route_grant(method: str, path: str) -> str:
+    """What the route needs: a grant, "any" or "public" (KeyError for an unknown route)."""
+    return _NEEDS[(method, path)]

@@ -1,0 +1,356 @@
+"""The service configuration (`nereus serve --config FILE`, TOML) and the tenancy it implies.
+
+    tenancy = load_tenancy("nereus.toml")          # or Tenancy.open_default()
+    tenancy.check_kernel(kernel_config)           # ConfigError if it would widen the kernel
+
+Theory of operation: the file is parsed with `tomllib` and converted into frozen msgspec
+structs that refuse unknown keys; every other rule (a tenant horizon above the cell's, a
+payload ceiling above 1 MiB, a queue naming an unknown key, a key that is not 32 bytes, a
+token listed twice, ...) is checked here too, so a bad file stops the service at start with
+a `ConfigError` naming the file and the key, never a traceback. The result is a `Tenancy`:
+per tenant its derived limits (horizon, payload ceiling, quotas, rate), its queues'
+encryption keys, and the bearer credentials that map to it (kept as sha256 digests only).
+
+Without a file the service has one tenant, `default`, that needs no credential and holds
+every grant (`Tenancy.open_default()`, `auth_disabled`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import msgspec
+
+from adapters.crypto import Keyring
+from adapters.embedded import DEFAULT_TENANT
+from adapters.http_contract import (
+    DEFAULT_MAX_BODY_BYTES,
+    GRANTS,
+    MAX_PAYLOAD_CEILING_BYTES,
+    Grant,
+)
+from kernel.config import KernelConfig
+
+_T = TypeVar("_T")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+# Names that become identity parts: the kernel's rules (non-empty, no NUL, no '/').
+_MAX_NAME_BYTES = 150
+
+
+class ConfigError(Exception):
+    """A configuration the service refuses to start with; the message names file and key."""
+
+    def __init__(self, source: str, key: str | None, problem: str) -> None:
+        where = f"{source}: {key}: " if key else f"{source}: "
+        super().__init__(where + problem)
+        self.source = source
+        self.key = key
+        self.problem = problem
+
+
+# The file's schema ------------------------------------------------------------------------
+
+
+class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class ServerSection(_Strict, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 6632
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    blocked: bool = False
+
+
+class CellSection(_Strict, frozen=True):
+    # None: the kernel's own horizon / min(1 MiB, the kernel's payload ceiling).
+    horizon_ms: int | None = None
+    max_payload_bytes: int | None = None
+
+
+class TokenSection(_Strict, frozen=True):
+    subject: str
+    grants: list[Grant]
+    token_sha256: str | None = None
+    token: str | None = None
+
+
+class QueueSection(_Strict, frozen=True):
+    encryption_key: str | None = None
+
+
+class TenantSection(_Strict, frozen=True):
+    horizon_ms: int | None = None
+    max_live_timers: int | None = None
+    max_bytes: int | None = None
+    max_payload_bytes: int | None = None
+    max_ops_per_s: float | None = None
+    blocked: bool = False
+    tokens: list[TokenSection] = []
+    # Tables keyed by name are converted one by one (msgspec names a dict key only as
+    # `[...]`, and an error must name the key): raw here, `QueueSection` each.
+    queues: dict[str, object] = {}
+
+
+class ConfigFile(_Strict, frozen=True):
+    server: ServerSection = ServerSection()
+    cell: CellSection = CellSection()
+    keys: dict[str, object] = {}
+    tenants: dict[str, object] = {}  # `TenantSection` each
+
+
+# What the service runs with ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request is: the credential's tenant, subject (recorded as producerSub) and
+    grants."""
+
+    tenant: str
+    subject: str | None
+    grants: frozenset[Grant]
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    name: str
+    horizon_ms: int | None  # None: the cell's
+    max_payload_bytes: int | None  # None: the cell's
+    max_live_timers: int | None
+    max_bytes: int | None
+    max_ops_per_s: float | None
+    blocked: bool
+    queue_keys: dict[str, str] = field(default_factory=dict)  # queue -> encryption key id
+
+    @property
+    def has_quota(self) -> bool:
+        return self.max_live_timers is not None or self.max_bytes is not None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The derived limits of one tenant in this cell."""
+
+    horizon_ms: int
+    payload_ceiling: int
+
+
+@dataclass
+class Tenancy:
+    source: str
+    server: ServerSection
+    cell: CellSection
+    tenants: dict[str, TenantPolicy]
+    credentials: list[tuple[bytes, Principal]]  # (sha256 digest of the token, principal)
+    keyring: Keyring
+    auth_disabled: bool = False
+
+    @classmethod
+    def open_default(cls) -> Tenancy:
+        """No configuration: one tenant, no credentials, every grant."""
+        tenant = TenantPolicy(DEFAULT_TENANT, None, None, None, None, None, False)
+        return cls(
+            source="(no --config)",
+            server=ServerSection(),
+            cell=CellSection(),
+            tenants={DEFAULT_TENANT: tenant},
+            credentials=[],
+            keyring=Keyring({}),
+            auth_disabled=True,
+        )
+
+    def check_kernel(self, kernel: KernelConfig) -> None:
+        """The cell may only narrow what the kernel allows."""
+        horizon = kernel.limits.max_delay_horizon_ms
+        if self.cell.horizon_ms is not None and self.cell.horizon_ms > horizon:
+            raise ConfigError(
+                self.source,
+                "cell.horizon_ms",
+                f"{self.cell.horizon_ms} is above the kernel's max_delay_horizon_ms {horizon}; "
+                "the cell may only narrow it",
+            )
+
+    def limits(self, tenant: str, kernel: KernelConfig) -> Limits:
+        policy = self.tenants[tenant]
+        horizon = kernel.limits.max_delay_horizon_ms
+        for narrower in (self.cell.horizon_ms, policy.horizon_ms):
+            if narrower is not None:
+                horizon = min(horizon, narrower)
+        ceiling = min(MAX_PAYLOAD_CEILING_BYTES, kernel.max_payload_bytes)
+        for narrower in (self.cell.max_payload_bytes, policy.max_payload_bytes):
+            if narrower is not None:
+                ceiling = min(ceiling, narrower)
+        return Limits(horizon_ms=horizon, payload_ceiling=ceiling)
+
+
+def _explain(exc: msgspec.ValidationError) -> tuple[str | None, str]:
+    """msgspec's "Object contains unknown field `x` - at `$.a.b`" as (key "a.b.x", problem)."""
+    text = str(exc)
+    problem, sep, at = text.partition(" - at `")
+    key = at.rstrip("`").removeprefix("$").lstrip(".") if sep else ""
+    key = re.sub(r"\[(\d+)\]", r"[\1]", key)
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", problem)
+    if unknown:
+        name = unknown.group(1)
+        return (f"{key}.{name}" if key else name), "unknown key"
+    missing = re.fullmatch(r"Object missing required field `(.+)`", problem)
+    if missing:
+        name = missing.group(1)
+        return (f"{key}.{name}" if key else name), "required key is missing"
+    return (key or None), problem[:1].lower() + problem[1:]
+
+
+def load_tenancy(path: str) -> Tenancy:
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, None, f"not valid TOML: {exc}") from None
+    return parse_tenancy(doc, path)
+
+
+def parse_tenancy(doc: dict[str, object], source: str) -> Tenancy:
+    return _build(_convert(doc, ConfigFile, "", source), source)
+
+
+def _convert(value: object, typ: type[_T], at: str, source: str) -> _T:
+    try:
+        return msgspec.convert(value, typ)
+    except msgspec.ValidationError as exc:
+        key, problem = _explain(exc)
+        if key and at:
+            key = at + key if key.startswith("[") else f"{at}.{key}"
+        raise ConfigError(source, key or at or None, problem) from None
+
+
+def _name_ok(name: str) -> bool:
+    if not name or "\x00" in name or "/" in name:
+        return False
+    return len(name.encode()) <= _MAX_NAME_BYTES
+
+
+def _build(cfg: ConfigFile, source: str) -> Tenancy:
+    def fail(key: str, problem: str) -> ConfigError:
+        return ConfigError(source, key, problem)
+
+    server, cell = cfg.server, cfg.cell
+    if not 0 <= server.port <= 65535:
+        raise fail("server.port", f"{server.port} is not a TCP port")
+    if server.max_body_bytes < 1:
+        raise fail("server.max_body_bytes", "must be at least 1")
+    if not server.host:
+        raise fail("server.host", "must not be empty")
+    if cell.horizon_ms is not None and cell.horizon_ms < 0:
+        raise fail("cell.horizon_ms", "must be >= 0")
+    if cell.max_payload_bytes is not None and not (
+        0 <= cell.max_payload_bytes <= MAX_PAYLOAD_CEILING_BYTES
+    ):
+        raise fail("cell.max_payload_bytes", f"must be in [0, {MAX_PAYLOAD_CEILING_BYTES}] (1 MiB)")
+    keys: dict[str, str] = {}
+    for key_id, encoded in cfg.keys.items():
+        if not isinstance(encoded, str):
+            raise fail(f"keys.{key_id}", "must be a base64 string")
+        try:
+            Keyring({key_id: encoded})
+        except ValueError as exc:
+            raise fail(f"keys.{key_id}", str(exc)) from None
+        keys[key_id] = encoded
+    keyring = Keyring(keys)
+    if not cfg.tenants:
+        raise fail("tenants", "no tenant is configured: nobody could authenticate")
+
+    tenants: dict[str, TenantPolicy] = {}
+    credentials: list[tuple[bytes, Principal]] = []
+    seen: dict[bytes, str] = {}
+    for name, raw_tenant in cfg.tenants.items():
+        at = f"tenants.{name}"
+        t = _convert(raw_tenant, TenantSection, at, source)
+        if not _name_ok(name):
+            raise fail(at, f"tenant names are 1..{_MAX_NAME_BYTES} bytes without '/' or NUL")
+        if t.horizon_ms is not None:
+            if t.horizon_ms < 0:
+                raise fail(f"{at}.horizon_ms", "must be >= 0")
+            if cell.horizon_ms is not None and t.horizon_ms > cell.horizon_ms:
+                raise fail(
+                    f"{at}.horizon_ms",
+                    f"{t.horizon_ms} is above the cell's horizon_ms {cell.horizon_ms}; a tenant "
+                    "may only narrow it",
+                )
+        if t.max_payload_bytes is not None and not (
+            0 <= t.max_payload_bytes <= MAX_PAYLOAD_CEILING_BYTES
+        ):
+            raise fail(
+                f"{at}.max_payload_bytes", f"must be in [0, {MAX_PAYLOAD_CEILING_BYTES}] (1 MiB)"
+            )
+        for quota in ("max_live_timers", "max_bytes"):
+            value = getattr(t, quota)
+            if value is not None and value < 0:
+                raise fail(f"{at}.{quota}", "must be >= 0")
+        if t.max_ops_per_s is not None and not 0 < t.max_ops_per_s < float("inf"):
+            raise fail(f"{at}.max_ops_per_s", "must be a positive number")
+        queue_keys: dict[str, str] = {}
+        for queue, raw_queue in t.queues.items():
+            q = _convert(raw_queue, QueueSection, f"{at}.queues.{queue}", source)
+            if not _name_ok(queue):
+                raise fail(
+                    f"{at}.queues.{queue}",
+                    f"queue names are 1..{_MAX_NAME_BYTES} bytes without '/' or NUL",
+                )
+            if q.encryption_key is not None:
+                if q.encryption_key not in keyring:
+                    raise fail(
+                        f"{at}.queues.{queue}.encryption_key",
+                        f"key {q.encryption_key!r} is not in [keys]",
+                    )
+                queue_keys[queue] = q.encryption_key
+        for index, tok in enumerate(t.tokens):
+            where = f"{at}.tokens[{index}]"
+            digest = _token_digest(tok, where, fail)
+            if digest in seen:
+                raise fail(where, f"this token is already listed at {seen[digest]}")
+            seen[digest] = where
+            if not tok.subject:
+                raise fail(f"{where}.subject", "must not be empty")
+            unknown = [g for g in tok.grants if g not in GRANTS]
+            if unknown:  # pragma: no cover - the Literal already refuses them
+                raise fail(f"{where}.grants", f"unknown grants {unknown}")
+            credentials.append((digest, Principal(name, tok.subject, frozenset(tok.grants))))
+        tenants[name] = TenantPolicy(
+            name=name,
+            horizon_ms=t.horizon_ms,
+            max_payload_bytes=t.max_payload_bytes,
+            max_live_timers=t.max_live_timers,
+            max_bytes=t.max_bytes,
+            max_ops_per_s=t.max_ops_per_s,
+            blocked=t.blocked,
+            queue_keys=queue_keys,
+        )
+    return Tenancy(
+        source=source,
+        server=server,
+        cell=cell,
+        tenants=tenants,
+        credentials=credentials,
+        keyring=keyring,
+    )
+
+
+def _token_digest(tok: TokenSection, where: str, fail: Callable[[str, str], ConfigError]) -> bytes:
+    if (tok.token is None) == (tok.token_sha256 is None):
+        raise fail(where, "give exactly one of token_sha256 and token")
+    if tok.token is not None:
+        if not tok.token:
+            raise fail(f"{where}.token", "must not be empty")
+        return hashlib.sha256(tok.token.encode()).digest()
+    assert tok.token_sha256 is not None
+    if _HEX64.fullmatch(tok.token_sha256) is None:
+        raise fail(f"{where}.token_sha256", "must be 64 lowercase hex digits (sha256)")
+    return bytes.fromhex(tok.token_sha256)
