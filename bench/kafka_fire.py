@@ -35,6 +35,7 @@ from confluent_kafka.cimpl import NewTopic
 from adapters.clock import SystemClock
 from adapters.embedded import schedule_record
 from adapters.kafka_service import KafkaService, KafkaServiceConfig
+from bench.common import say
 from runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_GENERATION, H_MESSAGE_ID, H_TXN
 
 PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
@@ -115,6 +116,7 @@ def throughput(bootstrap: str, root: str, timers: int, shards: int) -> dict[str,
     service = _service(bootstrap, root, shards, dest)
     try:
         # Every timer is due at T0, far enough ahead for the intake to finish first.
+        say(f"kafka_fire: scheduling {timers:,} timers through {shards} shards")
         t_intake = time.perf_counter()
         t0_ms = int(time.time() * 1000) + max(4000, timers // 2)
         batch = 500
@@ -127,6 +129,7 @@ def throughput(bootstrap: str, root: str, timers: int, shards: int) -> dict[str,
         intake_s = time.perf_counter() - t_intake
         if int(time.time() * 1000) >= t0_ms:
             raise RuntimeError("intake took longer than the lead: raise the lead")
+        say("kafka_fire: waiting for them to fire")
         records = _read(bootstrap, dest, timers, 600)
     finally:
         service.close()
@@ -134,6 +137,7 @@ def throughput(bootstrap: str, root: str, timers: int, shards: int) -> dict[str,
     fire_s = (last_ms - t0_ms) / 1000
     early = sum(1 for ts, deliver_at in records if ts < deliver_at)
 
+    say("kafka_fire: raw produce of the same payloads")
     raw_topic = _topic(bootstrap, "bench-raw", DEST_PARTITIONS)
     producer = Producer(
         {
@@ -174,6 +178,7 @@ def throughput(bootstrap: str, root: str, timers: int, shards: int) -> dict[str,
 
 
 def lateness(bootstrap: str, root: str, rate: int, seconds: float, shards: int) -> dict[str, Any]:
+    say(f"kafka_fire: steady {rate}/s for {seconds:g} s")
     dest = _topic(bootstrap, "bench-lag", DEST_PARTITIONS)
     service = _service(bootstrap, root, shards, dest)
     sent = 0
@@ -224,23 +229,30 @@ def lateness(bootstrap: str, root: str, rate: int, seconds: float, shards: int) 
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def run(bootstrap: str, timers: int, shards: int, rate: int, seconds: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(
+        prefix="nereus-bench-", dir=os.environ.get("NEREUS_BENCH_DIR")
+    ) as root:
+        return {
+            "bootstrap": bootstrap,
+            "throughput": throughput(bootstrap, root, timers, shards),
+            "lateness": lateness(bootstrap, root, rate, seconds, shards),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--bootstrap", default=os.environ.get("NEREUS_KAFKA_BOOTSTRAP", ""))
     parser.add_argument("--timers", type=int, default=5000)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--out", default=None, help="write the results as JSON here")
-    args = parser.parse_args()
+    parser.add_argument("--out", "--json", dest="out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
     if not args.bootstrap:
         print("no broker: ./scripts/kafka start, then --bootstrap or NEREUS_KAFKA_BOOTSTRAP")
         return 2
-    with tempfile.TemporaryDirectory() as root:
-        result = {
-            "throughput": throughput(args.bootstrap, root, args.timers, args.shards),
-            "lateness": lateness(args.bootstrap, root, args.rate, args.seconds, args.shards),
-        }
+    result = run(args.bootstrap, args.timers, args.shards, args.rate, args.seconds)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

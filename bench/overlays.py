@@ -10,9 +10,12 @@ mutable `dict` as the raw floor.
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pyrsistent import PMap, pmap
 
@@ -21,8 +24,8 @@ from kernel.overlay import Overlay
 ROUNDS_KEYS = 200_000
 
 
-def _time(fn: Callable[[int], None], n: int) -> float:
-    rounds = max(1, ROUNDS_KEYS // n)
+def _time(fn: Callable[[int], None], n: int, keys: int = ROUNDS_KEYS) -> float:
+    rounds = max(1, keys // n)
     t = time.perf_counter()
     for _ in range(rounds):
         fn(n)
@@ -53,12 +56,39 @@ def _dict(n: int) -> None:
         d.get(("messages", i))
 
 
-def main() -> int:
+def measure(keys: int = ROUNDS_KEYS) -> list[dict[str, Any]]:
+    rows = []
+    for n in (100, 1_000, 10_000):
+        raw, hamt, ours = _time(_dict, n, keys), _time(_pmap, n, keys), _time(_overlay, n, keys)
+        rows.append(
+            {
+                "batch": n,
+                "dict_per_s": round(raw),
+                "pmap_per_s": round(hamt),
+                "overlay_per_s": round(ours),
+                "overlay_vs_pmap": round(ours / hamt, 3),
+                "overlay_vs_dict": round(ours / raw, 3),
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--keys", type=int, default=ROUNDS_KEYS, help="writes+reads per size")
+    parser.add_argument("--json", help="write results to this file")
+    args = parser.parse_args(argv)
+    rows = measure(args.keys)
     header = ("batch", "dict w+r/s", "pmap w+r/s", "Overlay w+r/s", "Overlay/pmap")
     print("{:>8} {:>12} {:>12} {:>14} {:>13}".format(*header))
-    for n in (100, 1_000, 10_000):
-        raw, hamt, ours = _time(_dict, n), _time(_pmap, n), _time(_overlay, n)
-        print(f"{n:>8,} {raw:>12,.0f} {hamt:>12,.0f} {ours:>14,.0f} {ours / hamt:>13.2f}")
+    for r in rows:
+        print(
+            f"{r['batch']:>8,} {r['dict_per_s']:>12,} {r['pmap_per_s']:>12,} "
+            f"{r['overlay_per_s']:>14,} {r['overlay_vs_pmap']:>13.2f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 

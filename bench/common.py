@@ -1,0 +1,116 @@
+"""Helpers the benches share: progress on stderr, process memory from /proc, percentiles,
+and a description of the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+
+PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
+T0_MS = 1_780_000_000_000
+
+
+class Progress:
+    """Progress of one long step on stderr: rewritten in place on a terminal, else one line
+    every `every_s` seconds (so CI logs show the suite is alive without flooding), and always
+    a last line when done."""
+
+    def __init__(self, label: str, total: int, every_s: float = 5.0) -> None:
+        self.label = label
+        self.total = total
+        self.every_s = every_s if not sys.stderr.isatty() else 0.2
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._finished = False
+
+    def update(self, done: int, note: str = "") -> None:
+        now = time.monotonic()
+        if done < self.total and now - self._last < self.every_s:
+            return
+        if done >= self.total:
+            if self._finished:
+                return
+            self._finished = True
+        self._last = now
+        text = f"{self.label}: {done:,}/{self.total:,}{note} ({now - self.started:.0f} s)"
+        if self.tty:
+            sys.stderr.write("\r\x1b[K" + text + ("\n" if done >= self.total else ""))
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+def say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def status_mb(pid: int | str = "self") -> dict[str, float]:
+    """Memory figures of a process from /proc/PID/status, in MB: the peak resident set
+    (VmHWM, which, unlike ru_maxrss, starts afresh at exec), the current resident set
+    (VmRSS), and its split into anonymous memory (RssAnon: the process's own heap, Python
+    objects, LMDB's dirty pages of a write transaction) and file-backed pages (RssFile:
+    LMDB's read-only map, shared and reclaimable page cache)."""
+    fields: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                fields[name] = round(int(value.split()[0]) / 1024, 1)
+    return fields
+
+
+def pct(values: list[int] | list[float], q: float) -> float:
+    """The q-quantile of sorted `values` (nearest rank), 0 for none."""
+    return values[min(len(values) - 1, int(len(values) * q))] if values else 0
+
+
+def machine() -> dict[str, object]:
+    mem_kb = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("model name", "Model", "cpu model"):
+                    model = value.strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024**2, 1),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def git_revision() -> dict[str, object]:
+    """The commit measured and whether the tree had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"commit": head, "uncommitted_changes": bool(dirty)}

@@ -1,0 +1,599 @@
+"""The benchmark suite: every bench, one results file, a table of figures against targets.
+
+    .venv/bin/python -m bench                       # everything, default sizes
+    .venv/bin/python -m bench --quick               # CI smoke: small sizes, < 90 s
+    .venv/bin/python -m bench --only fire,http_api  # a selection
+    .venv/bin/python -m bench --apply-10m           # also the 10M point of the apply curve
+
+Each bench is also runnable alone (`python -m bench.fire`, ...); the suite calls the same
+functions. Results: `suite.json` (date, machine, command line, and per figure its value,
+unit, raw baseline measured in the same run, ratio, target and whether it is met), the
+per-bench JSON files, and two plots, in `bench/results/` for a full default run,
+`bench/results/quick/` for --quick and `bench/results/partial/` for --only (so a smoke or
+partial run never replaces the full run's figures), or in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bench.common import git_revision, machine, say
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The disk-heavy memory bench (a 15 GB store at 10M) runs after the latency-sensitive ones.
+NAMES = ("kernel_apply", "overlays", "fire", "http_api", "storage_apply", "kafka_fire")
+SETTLE_S = 3.0
+# The table: the targets in the order of the performance issue, then the figures without one.
+ORDER = (
+    "apply_1m",
+    "apply_flat",
+    "memory_anon",
+    "memory_hwm",
+    "durable_1000",
+    "kafka_publish",
+    "lag_p99",
+    "lag_p50",
+    "early",
+    "http_256",
+    "durable_1",
+    "replay",
+    "fire_throughput",
+    "kafka_lag",
+    "http_1",
+    "overlay",
+)
+
+
+@dataclass
+class Figure:
+    id: str
+    title: str
+    bench: str
+    unit: str
+    target: str  # as a sentence; "" for a figure reported without a target
+    value: float | None = None
+    baseline: float | None = None
+    baseline_unit: str = ""
+    baseline_what: str = ""
+    ratio: float | None = None
+    met: bool | None = None  # None: no target, or not measured
+    status: str = "ok"  # ok | skipped: ... | error: ...
+    note: str = ""
+
+
+@dataclass
+class Settings:
+    quick: bool
+    apply_live: list[int]
+    apply_entries: int
+    apply_rounds: int
+    storage_entries: int
+    batch1_entries: int
+    memory_live: list[int]
+    fire_timers: int
+    fire_rates: list[int]
+    fire_seconds: float
+    http_calls: int
+    http_batches: int
+    http_rounds: int
+    kafka_bootstrap: str
+    kafka_timers: int
+    kafka_rate: int
+    kafka_seconds: float
+    overlay_keys: int
+    out: str
+    cpu: int
+    plots: list[str] = field(default_factory=list)
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    q = args.quick
+    apply_live = [10_000, 100_000] if q else [10_000, 100_000, 1_000_000, 3_000_000]
+    if args.apply_10m:
+        apply_live.append(10_000_000)
+    if args.apply_live:
+        apply_live = [int(x) for x in args.apply_live.split(",")]
+    memory_live = [10_000, 100_000] if q else [10_000, 1_000_000, 10_000_000]
+    if args.memory_live:
+        memory_live = [int(x) for x in args.memory_live.split(",")]
+    if args.out:
+        out = args.out
+    elif q:
+        out = os.path.join(RESULTS, "quick")
+    elif args.only:
+        out = os.path.join(RESULTS, "partial")
+    else:
+        out = RESULTS
+    return Settings(
+        quick=q,
+        apply_live=sorted(set(apply_live)),
+        apply_entries=20_000 if q else 100_000,
+        apply_rounds=3 if q else 5,
+        storage_entries=2_000 if q else 20_000,
+        batch1_entries=200 if q else 2_000,
+        memory_live=sorted(set(memory_live)),
+        fire_timers=2_000 if q else 20_000,
+        fire_rates=[1000, 2000] if q else [500, 1000, 2000, 3000, 4000],
+        fire_seconds=2.0 if q else 5.0,
+        http_calls=60 if q else 600,
+        http_batches=6 if q else 60,
+        http_rounds=3,
+        kafka_bootstrap=args.kafka_bootstrap,
+        kafka_timers=1_000 if q else 5_000,
+        kafka_rate=500 if q else 1000,
+        kafka_seconds=2.0 if q else 5.0,
+        overlay_keys=20_000 if q else 200_000,
+        out=out,
+        cpu=max(os.sched_getaffinity(0)),
+    )
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}" if n < 1_000_000 or n % 1_000_000 else f"{n // 1_000_000}M"
+
+
+# The benches: each returns its raw result (written as its own JSON file) and fills in the
+# figures it declared. A bench that fails or is skipped leaves its figures unmeasured. Each
+# imports its module when it runs: the product's modules are edited while the suite is in
+# use, and one that does not import fails its own bench, not the whole suite.
+
+Bench = Callable[[Settings, dict[str, Figure]], Any]
+
+
+def _kernel_apply(s: Settings, figs: dict[str, Figure]) -> Any:
+    rows = []
+    for live in s.apply_live:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.kernel_apply",
+                    "--live",
+                    str(live),
+                    "--entries",
+                    str(s.apply_entries),
+                    "--rounds",
+                    str(s.apply_rounds),
+                    "--cpu",
+                    str(s.cpu),
+                    "--json",
+                    out.name,
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            with open(out.name) as fh:
+                rows.extend(json.load(fh))
+    by_live = {r["live_timers"]: r for r in rows}
+    one_m = 1_000_000 if 1_000_000 in by_live else max(by_live)
+    r = by_live[one_m]
+    f = figs["apply_1m"]
+    f.value, f.baseline, f.ratio = r["apply_per_s"], r["decode_per_s"], r["apply_vs_decode"]
+    f.met = r["apply_per_s"] >= 50_000
+    if one_m != 1_000_000:
+        f.title = f"apply/replay, {_fmt(one_m)} live timers, one core"
+        f.note = f"measured at {_fmt(one_m)} live timers: 1M is not in this run"
+    small, large = min(by_live), max(by_live)
+    f = figs["apply_flat"]
+    f.value, f.baseline = by_live[large]["apply_per_s"], by_live[small]["apply_per_s"]
+    f.ratio = round(f.value / f.baseline, 3)
+    f.met = f.ratio >= 0.8
+    f.title = f"apply rate at {_fmt(large)} live vs at {_fmt(small)}"
+    if large != 10_000_000:
+        f.note = (
+            f"largest size this run: {_fmt(large)} (the target is stated at 10M: run with "
+            "--apply-10m; an in-memory base of 10M timers holds ~10 GB of Python objects "
+            "and takes minutes to build)"
+        )
+    return rows
+
+
+def _overlays(s: Settings, figs: dict[str, Figure]) -> Any:
+    from bench import overlays  # noqa: PLC0415  (late: see Bench)
+
+    rows = overlays.measure(s.overlay_keys)
+    r = next(r for r in rows if r["batch"] == 1000)
+    f = figs["overlay"]
+    f.value, f.baseline, f.ratio = r["overlay_per_s"], r["pmap_per_s"], r["overlay_vs_pmap"]
+    f.note = f"a plain dict does {r['dict_per_s']:,}/s"
+    return rows
+
+
+def _storage_apply(s: Settings, figs: dict[str, Figure]) -> Any:
+    from bench import storage_apply  # noqa: PLC0415  (late: see Bench)
+
+    result = storage_apply.run(s.storage_entries, s.memory_live, s.batch1_entries, keep_going=True)
+    by_batch = {r["batch"]: r for r in result["durable"]}
+    for fid, batch in (("durable_1000", 1000), ("durable_1", 1)):
+        r = by_batch[batch]
+        f = figs[fid]
+        f.value, f.baseline, f.ratio = r["commit_per_s"], r["raw_put_sync_per_s"], r["ratio"]
+        if f.target:
+            f.met = r["ratio"] >= 0.5
+    r = result["replay"]
+    f = figs["replay"]
+    f.value, f.baseline, f.ratio = r["replay_per_s"], r["raw_scan_decode_per_s"], r["ratio"]
+    f.note = f"{r['entries']:,} schedules, median of {r['rounds']}"
+    if "memory_error" in result:
+        for fid in ("memory_anon", "memory_hwm"):
+            figs[fid].status = f"error: {result['memory_error']}"
+        return result
+    rows = {r["live_timers"]: r for r in result["memory"]}
+    large, small = max(rows), min(rows)
+    big = rows[large]
+    note = "" if large == 10_000_000 else f"measured at {_fmt(large)} live timers, not 10M"
+    f = figs["memory_anon"]
+    f.value, f.baseline = big["peak_rssanon_mb"], rows[small]["peak_rssanon_mb"]
+    f.title = f"peak anonymous RSS, {_fmt(large)} timers waiting"
+    f.baseline_what = f"same process with {_fmt(small)} timers"
+    f.ratio = round(f.value / f.baseline, 3)
+    f.met = f.value <= 300
+    f.note = "; ".join(
+        x
+        for x in (
+            note,
+            f"sampled every 10 ms; apply {big['apply_per_s']:,}/s through the runtime; "
+            f"store file {big['store_file_mb']:,} MB",
+        )
+        if x
+    )
+    f = figs["memory_hwm"]
+    f.value, f.baseline = big["vmhwm_mb"], rows[small]["vmhwm_mb"]
+    f.title = f"VmHWM, {_fmt(large)} timers waiting"
+    f.baseline_what = f"same process with {_fmt(small)} timers"
+    f.ratio = round(f.value / f.baseline, 3)
+    f.note = (
+        f"includes LMDB file pages (peak RssFile {big['peak_rssfile_mb']} MB: shared, "
+        "reclaimable page cache); reported, not judged"
+    )
+    return result
+
+
+def _fire(s: Settings, figs: dict[str, Figure]) -> Any:
+    from bench import fire  # noqa: PLC0415  (late: see Bench)
+
+    result = fire.run(s.fire_timers, s.fire_rates, s.fire_seconds, s.fire_rates)
+    tp = result["throughput"]
+    f = figs["fire_throughput"]
+    f.value, f.baseline, f.ratio = tp["fired_per_s"], tp["raw_append_per_s"], tp["fired_vs_raw"]
+    rows = {r["rate_per_s"]: r for r in result["lateness"]}
+    at = 2000 if 2000 in rows else max(rows)
+    r = rows[at]
+    for fid, key, limit in (("lag_p99", "lag_p99_ms", 20), ("lag_p50", "lag_p50_ms", 5)):
+        f = figs[fid]
+        f.value, f.baseline = r[key], r["raw"][key]
+        f.ratio = round(f.value / f.baseline, 2) if f.baseline else None
+        f.met = f.value <= limit and r["delivered"] == r["scheduled"]
+        f.note = f"at {at}/s: {r['delivered']:,} of {r['scheduled']:,} timers delivered"
+        if at != 2000:
+            f.title = f.title.replace("2,000", f"{at:,}")
+    early = tp["early"] + sum(row["early"] for row in result["lateness"])
+    f = figs["early"]
+    f.value = early
+    f.met = early == 0
+    f.note = f"throughput run and {len(rows)} steady rates"
+    return result
+
+
+def _http_api(s: Settings, figs: dict[str, Figure]) -> Any:
+    from bench import http_api  # noqa: PLC0415  (late: see Bench)
+
+    r = http_api.run(s.http_calls, s.http_batches, s.http_rounds)
+    f = figs["http_256"]
+    f.value, f.baseline, f.ratio = (
+        r["http_256_per_s"],
+        r["library_256_per_s"],
+        r["http_256_vs_library_256"],
+    )
+    f.met = f.ratio >= 0.3
+    f.note = (
+        f"against Nereus.schedule one per call ({r['library_1_per_s']:,}/s) the ratio is "
+        f"{r['http_256_vs_library_1']}"
+    )
+    f = figs["http_1"]
+    f.value, f.baseline, f.ratio = r["http_1_per_s"], r["library_1_per_s"], r["http_1_vs_library_1"]
+    return r
+
+
+def _kafka_fire(s: Settings, figs: dict[str, Figure]) -> Any:
+    if not s.kafka_bootstrap:
+        for f in figs.values():
+            f.note = "NEREUS_KAFKA_BOOTSTRAP is not set (nor --kafka-bootstrap)"
+        raise Skipped("no broker")
+    from bench import kafka_fire  # noqa: PLC0415  (late: see Bench)
+
+    r = kafka_fire.run(s.kafka_bootstrap, s.kafka_timers, 2, s.kafka_rate, s.kafka_seconds)
+    tp, lat = r["throughput"], r["lateness"]
+    f = figs["kafka_publish"]
+    f.value, f.baseline = tp["fired_per_s"], tp["raw_produce_per_s"]
+    f.ratio = round(f.value / f.baseline, 4) if f.value and f.baseline else None
+    f.met = f.ratio is not None and f.ratio >= 0.25
+    f.note = f"{tp['timers']:,} timers, {tp['shards']} shards, early {tp['early']}"
+    f = figs["kafka_lag"]
+    f.value = lat["lag_ms_p99"]
+    f.note = (
+        f"at {lat['rate_per_s']}/s: p50 {lat['lag_ms_p50']} ms, max {lat['lag_ms_max']} ms, "
+        f"early {lat['early']}, {lat['published']:,}/{lat['scheduled']:,} published"
+    )
+    return r
+
+
+class Skipped(Exception):
+    pass
+
+
+def declare() -> dict[str, tuple[Bench, list[Figure]]]:
+    """Every bench with the figures it reports (targets from the performance issue)."""
+    eps = "entries/s"
+    return {
+        "kernel_apply": (
+            _kernel_apply,
+            [
+                Figure("apply_1m", "apply/replay, 1M live timers, one core", "kernel_apply",
+                       eps, ">= 50,000 entries/s", baseline_unit="decodes/s",
+                       baseline_what="raw msgspec decode of the same entries"),
+                Figure("apply_flat", "apply rate at 10M live vs at 10k", "kernel_apply", eps,
+                       "ratio >= 0.8 (flat cost, 10M vs 10k)", baseline_unit=eps,
+                       baseline_what="the same apply at 10k live timers"),
+            ],
+        ),
+        "overlays": (
+            _overlays,
+            [
+                Figure("overlay", "kernel overlay writes+reads, batch 1000", "overlays",
+                       "ops/s", "", baseline_unit="ops/s",
+                       baseline_what="pyrsistent pmap, same ops"),
+            ],
+        ),
+        "storage_apply": (
+            _storage_apply,
+            [
+                Figure("durable_1000", "schedules durably committed, batch 1000",
+                       "storage_apply", eps, "ratio >= 0.5", baseline_unit="puts/s",
+                       baseline_what="raw LMDB put+sync of the same log entries, same batches"),
+                Figure("durable_1", "schedules durably committed, batch 1", "storage_apply",
+                       eps, "", baseline_unit="puts/s",
+                       baseline_what="raw LMDB put+sync of the same log entries, one per sync"),
+                Figure("replay", "replay of a shard log (fresh state)", "storage_apply", eps,
+                       "", baseline_unit="entries/s",
+                       baseline_what="raw cursor scan + msgpack decode of the same log"),
+                Figure("memory_anon", "peak anonymous RSS, 10M timers waiting",
+                       "storage_apply", "MB", "<= 300 MB (judged on this one)",
+                       baseline_unit="MB"),
+                Figure("memory_hwm", "VmHWM, 10M timers waiting", "storage_apply", "MB",
+                       "(<= 300 MB: not judged, see note)", baseline_unit="MB"),
+            ],
+        ),
+        "fire": (
+            _fire,
+            [
+                Figure("lag_p99", "fire lag p99 at 2,000 timers/s (local)", "fire", "ms",
+                       "<= 20 ms", baseline_unit="ms",
+                       baseline_what="raw sleep-until-due + durable append loop, same rate"),
+                Figure("lag_p50", "fire lag p50 at 2,000 timers/s (local)", "fire", "ms",
+                       "<= 5 ms", baseline_unit="ms",
+                       baseline_what="raw sleep-until-due + durable append loop, same rate"),
+                Figure("early", "early deliveries (all fire runs)", "fire", "records", "== 0"),
+                Figure("fire_throughput", "timers fired to the local destination", "fire",
+                       "timers/s", "", baseline_unit="records/s",
+                       baseline_what="raw local destination append, same batches"),
+            ],
+        ),
+        "http_api": (
+            _http_api,
+            [
+                Figure("http_256", "HTTP schedule ops, batches of 256", "http_api", "ops/s",
+                       "ratio >= 0.3", baseline_unit="ops/s",
+                       baseline_what="library, same schedules 256 per runtime.execute"),
+                Figure("http_1", "HTTP schedule ops, batches of 1", "http_api", "ops/s", "",
+                       baseline_unit="ops/s",
+                       baseline_what="library, Nereus.schedule one per call"),
+            ],
+        ),
+        "kafka_fire": (
+            _kafka_fire,
+            [
+                Figure("kafka_publish", "timers published to Kafka", "kafka_fire", "timers/s",
+                       "ratio >= 0.25", baseline_unit="records/s",
+                       baseline_what="raw confluent-kafka produce, same payloads and broker"),
+                Figure("kafka_lag", "fire lag p99 through Kafka", "kafka_fire", "ms", ""),
+            ],
+        ),
+    }  # fmt: skip
+
+
+# Output -----------------------------------------------------------------------------------
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not x.is_integer():
+        return f"{x:,.1f}" if abs(x) >= 10 else f"{x:,.2f}"
+    return f"{int(x):,}"
+
+
+def table(figures: list[Figure]) -> str:
+    head = ("figure", "value", "baseline", "ratio", "target", "met?")
+    rows = []
+    for f in figures:
+        if f.status != "ok":
+            rows.append((f.title, f.status, "", "", f.target or "-", "-"))
+            continue
+        value = f"{_num(f.value)} {f.unit}"
+        base = f"{_num(f.baseline)} {f.baseline_unit}" if f.baseline is not None else "-"
+        ratio = "-" if f.ratio is None else f"{f.ratio:.3f}"
+        met = "-" if f.met is None else ("yes" if f.met else "NO")
+        rows.append((f.title, value, base, ratio, f.target or "-", met))
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    lines = [" | ".join(str(c).ljust(w) for c, w in zip(head, widths, strict=True))]
+    lines.append("-+-".join("-" * w for w in widths))
+    lines += [" | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def _plots(s: Settings, raw: dict[str, Any], subtitle: str) -> list[str]:
+    try:
+        from bench import plots  # noqa: PLC0415  (matplotlib is a dev extra)
+    except ImportError as exc:
+        say(f"suite: no plots ({exc}); pip install -e '.[dev]'")
+        return []
+    made = []
+    fire = raw.get("fire")
+    if fire:
+        path = os.path.join(s.out, "fire_lag.png")
+        plots.fire_lag(fire["lateness"], path, subtitle)
+        made.append(path)
+    kernel = raw.get("kernel_apply") or []
+    memory = (raw.get("storage_apply") or {}).get("memory") or []
+    if kernel or memory:
+        path = os.path.join(s.out, "apply_rate.png")
+        plots.apply_rate(kernel, memory, path, subtitle)
+        made.append(path)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=(__doc__ or "").splitlines()[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="CI smoke: small sizes, < 90 s")
+    parser.add_argument("--only", help=f"comma-separated, of: {', '.join(NAMES)}")
+    parser.add_argument(
+        "--apply-10m", action="store_true", help="add the 10M point to the apply curve (slow)"
+    )
+    parser.add_argument("--apply-live", help="live counts of the apply curve (overrides)")
+    parser.add_argument("--memory-live", help="live counts of the memory bench (overrides)")
+    parser.add_argument("--kafka-bootstrap", default=os.environ.get("NEREUS_KAFKA_BOOTSTRAP", ""))
+    parser.add_argument("--out", help="results directory")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 3 when a target is not met (else 0)"
+    )
+    args = parser.parse_args(argv)
+    selected = list(NAMES)
+    if args.only:
+        wanted = {n.strip() for n in args.only.split(",") if n.strip()}
+        unknown = sorted(wanted - set(NAMES))
+        if unknown:
+            parser.error(f"unknown bench {', '.join(unknown)}; choose from {', '.join(NAMES)}")
+        selected = [n for n in NAMES if n in wanted]
+    s = settings(args)
+    os.makedirs(s.out, exist_ok=True)
+    started = time.monotonic()
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    command = [sys.executable, "-m", "bench", *(sys.argv[1:] if argv is None else argv)]
+    mode = "quick" if s.quick else "default"
+    say(f"suite: {mode} run of {', '.join(selected)} -> {s.out}")
+
+    declared = declare()
+    figs: dict[str, Figure] = {}
+    for name in NAMES:
+        for f in declared[name][1]:
+            figs[f.id] = f
+    benches: dict[str, dict[str, Any]] = {}
+    raw: dict[str, Any] = {}
+    queue = list(selected)
+    retried: set[str] = set()
+    while queue:
+        name = queue.pop(0)
+        fn, own = declared[name]
+        own_figs = {f.id: f for f in own}
+        if benches:
+            os.sync()  # the previous bench's writeback must not stall this one's fsyncs
+            time.sleep(0 if s.quick else SETTLE_S)
+        say(f"\nsuite: [{len(benches) + 1}/{len(selected)}] {name}")
+        t = time.monotonic()
+        load_before = os.getloadavg()[0]
+        status = "ok"
+        try:
+            result = fn(s, own_figs)
+        except Skipped as exc:
+            status = f"skipped: {exc}"
+            result = None
+        except ImportError as exc:
+            if name not in retried:
+                # Another engineer may be mid-edit on the module: try once more at the end.
+                retried.add(name)
+                queue.append(name)
+                say(f"suite: {name} does not import ({exc}); retrying after the others")
+                continue
+            status = f"error: import failed: {exc}"
+            result = None
+        except Exception as exc:
+            traceback.print_exc()
+            status = f"error: {type(exc).__name__}: {exc}"
+            result = None
+        seconds = round(time.monotonic() - t, 1)
+        entry: dict[str, Any] = {
+            "status": status,
+            "seconds": seconds,
+            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        }
+        if result is not None:
+            raw[name] = result
+            if any(f.status.startswith("error") for f in own):
+                status = "error: " + "; ".join(
+                    sorted({f.status[len("error: ") :] for f in own if f.status != "ok"})
+                )
+                entry["status"] = status
+            path = os.path.join(s.out, f"{name}.json")
+            with open(path, "w") as fh:
+                json.dump(result, fh, indent=1)
+            entry["file"] = os.path.relpath(path, s.out)
+        else:
+            for fig in own:
+                fig.status = status
+        benches[name] = entry
+        say(f"suite: {name} {status} in {seconds} s")
+
+    assert set(ORDER) == set(figs), "every figure has its place in the table"
+    figures = [figs[i] for i in ORDER if figs[i].bench in selected]
+    info = machine()
+    subtitle = (
+        f"{date[:10]}, {info['cores']} cores, {info['cpu_model']}, "
+        f"Python {info['python']}{' (quick)' if s.quick else ''}"
+    )
+    plots = [] if args.no_plots else _plots(s, raw, subtitle)
+    duration = round(time.monotonic() - started, 1)
+    doc = {
+        "date": date,
+        "command": shlex.join(command),
+        "mode": mode,
+        "selected": selected,
+        "machine": info,
+        "git": git_revision(),
+        "duration_s": duration,
+        "benches": benches,
+        "sizes": {
+            k: v for k, v in asdict(s).items() if k not in ("out", "plots", "kafka_bootstrap")
+        },
+        "figures": [asdict(f) for f in figures],
+        "plots": [os.path.relpath(p, s.out) for p in plots],
+    }
+    path = os.path.join(s.out, "suite.json")
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print(table(figures))
+    notes = [f"  {f.title}: {f.note}" for f in figures if f.note]
+    if notes:
+        print("\nnotes:\n" + "\n".join(notes))
+    print(f"\n{mode} run, {duration:.0f} s; results in {path}")
+    if any(e["status"].startswith("error") for e in benches.values()):
+        return 1
+    if args.strict and any(f.met is False for f in figures):
+        return 3
+    return 0
