@@ -17,11 +17,18 @@ from kernel.effects import (
     TimelineRemove,
 )
 from kernel.invariants import InvariantViolation, assert_invariants
-from kernel.keys import attempt_prefix, message_id, parse_timeline_key, timeline_key
+from kernel.keys import (
+    attempt_prefix,
+    dead_letter_key,
+    message_id,
+    parse_timeline_key,
+    timeline_key,
+)
 from kernel.model import (
     Attempt,
     AttemptStatus,
     Counters,
+    DeadLetterPending,
     Lane,
     Message,
     Obligation,
@@ -37,6 +44,7 @@ from kernel.records import (
     Capability,
     Capacity,
     ClaimResult,
+    DeadLetterWritten,
     Evidence,
     Expire,
     LaneGate,
@@ -76,6 +84,8 @@ __all__ = [
     "Code",
     "Counters",
     "DeadLetter",
+    "DeadLetterPending",
+    "DeadLetterWritten",
     "Decision",
     "Effect",
     "EntryOutcome",
@@ -114,6 +124,7 @@ __all__ = [
     "Unknown",
     "assert_invariants",
     "attempt_prefix",
+    "dead_letter_key",
     "decide",
     "decode_entry",
     "encode_entry",

@@ -23,6 +23,7 @@ class Code(StrEnum):
     ADMITTED = "admitted"
     OUTCOME_RECORDED = "outcome_recorded"
     CLAIM_RESULT_RECORDED = "claim_result_recorded"
+    DEAD_LETTER_RECORDED = "dead_letter_recorded"
     EXPIRED = "expired"
     RETRY_WINDOW_CLOSED = "retry_window_closed"
     GATE_CHANGED = "gate_changed"
@@ -76,6 +77,9 @@ class Code(StrEnum):
     EXPIRE_PREMATURE = "expire_premature"
     EXPIRE_EVIDENCE_INVALID = "expire_evidence_invalid"
 
+    # Rejected: dead-letter copies.
+    DEAD_LETTER_NOT_PENDING = "dead_letter_not_pending"
+
 
 APPLIED_CODES: frozenset[Code] = frozenset(
     {
@@ -86,6 +90,7 @@ APPLIED_CODES: frozenset[Code] = frozenset(
         Code.ADMITTED,
         Code.OUTCOME_RECORDED,
         Code.CLAIM_RESULT_RECORDED,
+        Code.DEAD_LETTER_RECORDED,
         Code.EXPIRED,
         Code.RETRY_WINDOW_CLOSED,
         Code.GATE_CHANGED,
@@ -104,6 +109,8 @@ CODE_DOCS: dict[Code, str] = {
     Code.ADMITTED: "Publish Admission won: the attempt is PUBLISHING and the send may start.",
     Code.OUTCOME_RECORDED: "A publish outcome was recorded against its attempt.",
     Code.CLAIM_RESULT_RECORDED: "A proven permanent pre-send error spent one attempt.",
+    Code.DEAD_LETTER_RECORDED: "A dead-lettered generation's copy is in the dead-letter queue; "
+    "the owed copy is closed with its evidence.",
     Code.EXPIRED: "The timer expired: the mutation's persistence time proves expireAt passed.",
     Code.RETRY_WINDOW_CLOSED: "expireAt passed for an UNCERTAIN timer: no more retries.",
     Code.GATE_CHANGED: "A lane admission gate was opened or closed.",
@@ -143,4 +150,6 @@ CODE_DOCS: dict[Code, str] = {
     Code.EXPIRE_STALE: "The generation, version or status no longer allows expiry.",
     Code.EXPIRE_PREMATURE: "The expiry's persistence time is before expireAt.",
     Code.EXPIRE_EVIDENCE_INVALID: "The recorded clock interval does not prove expireAt passed.",
+    Code.DEAD_LETTER_NOT_PENDING: "No copy of this generation is owed: never dead-lettered, or "
+    "its copy already recorded (a duplicate copy of an at-least-once write).",
 }

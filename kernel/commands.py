@@ -233,6 +233,7 @@ def reschedule(step: Step, r: Reschedule) -> None:
         last_attempt_id=None,
         delivered_attempt_id=None,
         evidence=None,
+        dead_letter_evidence=None,
         updated_at_ms=step.bp_ms,
         updated_position=step.position,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from kernel.keys import message_id, parse_timeline_key
+from kernel.keys import dead_letter_key, message_id, parse_timeline_key
 from kernel.model import (
     ATTEMPT_COUNTER,
     LIVE_STATUSES,
@@ -20,6 +20,7 @@ from kernel.model import (
     STATUS_COUNTER,
     Attempt,
     AttemptStatus,
+    DeadLetterPending,
     Message,
     Obligation,
     PayloadRef,
@@ -57,8 +58,9 @@ INVARIANTS: dict[str, str] = {
     "INV-05": "Timeline work exists exactly for messages with has_work, one row each, keyed by "
     "their actionAt, id and generation, carrying their current version; SCHEDULED messages "
     "always have work, and only SCHEDULED or UNCERTAIN messages have any.",
-    "INV-06": "The status and attempt counters equal the counts of rows.",
-    "INV-07": "A payload's reference count equals the number of messages that hold it.",
+    "INV-06": "The status, attempt and pending dead-letter counters equal the counts of rows.",
+    "INV-07": "A payload's reference count equals the number of SCHEDULED, PUBLISHING and "
+    "UNCERTAIN messages and pending dead-letter copies that hold it.",
     "INV-08": "A DELIVERED message has evidence; any evidence a message holds is that of a "
     "PUBLISHED attempt of its generation.",
     "INV-09": "attempts_spent never exceeds max_attempts; a DEAD_LETTERED message spent it all.",
@@ -68,6 +70,11 @@ INVARIANTS: dict[str, str] = {
     "and uncertain_retries never exceeds max_uncertain_retries.",
     "INV-12": "A tenant's usage row holds the number of its SCHEDULED, PUBLISHING and "
     "UNCERTAIN messages and the sum of their payload sizes; a tenant with none has no row.",
+    "INV-13": "A dead-letter copy is pending (a dead_letters row keyed by message id and "
+    "generation) exactly for each DEAD_LETTERED message without dead-letter evidence, "
+    "restating its generation's content and budget, and for earlier generations of existing "
+    "messages superseded before their copy was written; only a DEAD_LETTERED message holds "
+    "dead-letter evidence.",
 }
 
 
@@ -81,6 +88,9 @@ def check(state: State) -> list[Violation]:
     timeline = [(k, v) for k, v in state.items(Table.TIMELINE) if isinstance(v, TimelineWork)]
     payloads = {k.decode(): v for k, v in state.items(Table.PAYLOADS) if isinstance(v, PayloadRef)}
     usage = {k.decode(): v for k, v in state.items(Table.USAGE) if isinstance(v, TenantUsage)}
+    dead_letters = [
+        (k, v) for k, v in state.items(Table.DEAD_LETTERS) if isinstance(v, DeadLetterPending)
+    ]
     cfg = state.config
 
     for mid, m in messages.items():
@@ -159,8 +169,13 @@ def check(state: State) -> list[Violation]:
     for ast, name in ATTEMPT_COUNTER.items():
         if getattr(counters, name) != by_attempt.get(ast, 0):
             out.append(Violation("INV-06", f"counter {name}={getattr(counters, name)}"))
+    if counters.dead_letters_pending != len(dead_letters):
+        out.append(
+            Violation("INV-06", f"counter dead_letters_pending={counters.dead_letters_pending}")
+        )
 
     holders = Counter(m.payload_digest for m in messages.values() if m.status in PAYLOAD_HOLDING)
+    holders.update(d.payload_digest for _, d in dead_letters)
     for digest in holders.keys() | payloads.keys():
         ref = payloads.get(digest)
         if ref is None or ref.count != holders.get(digest, 0):
@@ -199,6 +214,41 @@ def check(state: State) -> list[Violation]:
             m.deliver_at_ms + cfg.limits.min_delivery_window_ms > m.expire_at_ms
         ):
             out.append(Violation("INV-10", f"message {mid} timing"))
+    out.extend(_dead_letter_violations(messages, dead_letters))
+    return out
+
+
+def _dead_letter_violations(
+    messages: dict[str, Message], dead_letters: list[tuple[bytes, DeadLetterPending]]
+) -> list[Violation]:
+    out: list[Violation] = []
+    current: set[str] = set()
+    for key, d in dead_letters:
+        where = f"dead letter {key.decode(errors='replace')}"
+        m = messages.get(d.message_id)
+        if key != dead_letter_key(d.message_id, d.generation) or m is None:
+            out.append(Violation("INV-13", f"{where} names no message under its key"))
+        elif d.generation > m.generation:
+            out.append(Violation("INV-13", f"{where} is of a generation never made"))
+        elif d.generation == m.generation:
+            current.add(d.message_id)
+            same = (
+                m.txn, m.payload_digest, m.payload_size, m.partition_key, m.producer_sub,
+                m.encrypted, m.deliver_at_ms, m.attempts_spent, m.failures, m.last_error,
+            ) == (
+                d.txn, d.payload_digest, d.payload_size, d.partition_key, d.producer_sub,
+                d.encrypted, d.deliver_at_ms, d.attempts_spent, d.failures, d.last_error,
+            )  # fmt: skip
+            if m.status is not Status.DEAD_LETTERED or m.dead_letter_evidence is not None:
+                out.append(Violation("INV-13", f"{where} pending for a {m.status} message"))
+            elif not same:
+                out.append(Violation("INV-13", f"{where} differs from its message"))
+    for mid, m in messages.items():
+        if m.dead_letter_evidence is not None and m.status is not Status.DEAD_LETTERED:
+            out.append(Violation("INV-13", f"{m.status} message {mid} has dead-letter evidence"))
+        owed = m.status is Status.DEAD_LETTERED and m.dead_letter_evidence is None
+        if owed and mid not in current:
+            out.append(Violation("INV-13", f"dead-lettered message {mid} owes no copy"))
     return out
 
 

@@ -34,6 +34,11 @@ def attempt_prefix(message_id_hex: str, generation: int) -> str:
     return f"{message_id_hex}.{generation}."
 
 
+def dead_letter_key(message_id_hex: str, generation: int) -> bytes:
+    """The dead-letters table's key: one owed copy per (message id, generation)."""
+    return f"{message_id_hex}.{generation}".encode()
+
+
 def lane_id(tenant: str, queue: str) -> str:
     return f"{tenant}\x00{queue}"
 

@@ -25,6 +25,7 @@ class Table(StrEnum):
     LANES = "lanes"  # tenant\0queue -> Lane (absent means OPEN)
     PAYLOADS = "payloads"  # payload digest -> PayloadRef
     USAGE = "usage"  # tenant -> TenantUsage (absent means no live messages)
+    DEAD_LETTERS = "dead_letters"  # message_id.generation -> DeadLetterPending (copy owed)
 
 
 TABLES: tuple[Table, ...] = tuple(Table)
@@ -42,9 +43,9 @@ class Status(StrEnum):
 
 # Statuses whose generation may still reach the destination or already has.
 LIVE_STATUSES = frozenset({Status.SCHEDULED, Status.PUBLISHING, Status.UNCERTAIN})
-# Statuses that hold a reference to the payload bytes. A dead-lettered message keeps its
-# payload: the dead-letter copy is written from it after the batch commits.
-PAYLOAD_HOLDING = LIVE_STATUSES | {Status.DEAD_LETTERED}
+# Statuses that hold a reference to the payload bytes. A dead-lettered generation's bytes are
+# held by its pending dead-letter copy (`DeadLetterPending`) until the copy is recorded.
+PAYLOAD_HOLDING = LIVE_STATUSES
 
 
 class AttemptStatus(StrEnum):
@@ -92,6 +93,9 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     updated_at_ms: int
     created_position: int
     updated_position: int
+    # DEAD_LETTERED only: where the dead-letter copy of this generation was written (set by
+    # DEAD_LETTER_WRITTEN_V1; None while the copy is pending).
+    dead_letter_evidence: Evidence | None = None
 
 
 class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -155,6 +159,30 @@ class TenantUsage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bytes: int
 
 
+class DeadLetterPending(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A dead-letter copy owed, put in the step that dead-letters a generation and deleted
+    when DEAD_LETTER_WRITTEN_V1 records the copy. It restates what the copy is made of as it
+    stood then (content, attempt budget, last error), so a later generation of the same timer
+    can neither change nor drop it, and it holds a reference to the payload bytes until the
+    copy is recorded. The copy's attempt history is the ATTEMPTS key range
+    `attempt_prefix(message_id, generation)`."""
+
+    message_id: str
+    generation: int
+    attempts_spent: int
+    failures: int
+    last_error: str | None
+    txn: str
+    payload_digest: str
+    payload_size: int
+    partition_key: str | None
+    producer_sub: str | None
+    encrypted: bool
+    deliver_at_ms: int
+    dead_lettered_position: int
+    dead_lettered_at_ms: int
+
+
 class Counters(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Aggregates the ledger and the message table imply; invariants recompute them."""
 
@@ -169,6 +197,7 @@ class Counters(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     attempts_published: int = 0
     attempts_not_published: int = 0
     attempts_unknown: int = 0
+    dead_letters_pending: int = 0
 
 
 class ShardMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -178,7 +207,10 @@ class ShardMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     counters: Counters = Counters()
 
 
-Value = Message | Attempt | Obligation | TimelineWork | Lane | PayloadRef | TenantUsage
+Value = (
+    Message | Attempt | Obligation | TimelineWork | Lane | PayloadRef | TenantUsage
+    | DeadLetterPending
+)  # fmt: skip
 
 VALUE_TYPES: dict[Table, type[Value]] = {
     Table.MESSAGES: Message,
@@ -188,6 +220,7 @@ VALUE_TYPES: dict[Table, type[Value]] = {
     Table.LANES: Lane,
     Table.PAYLOADS: PayloadRef,
     Table.USAGE: TenantUsage,
+    Table.DEAD_LETTERS: DeadLetterPending,
 }
 
 STATUS_COUNTER: dict[Status, str] = {

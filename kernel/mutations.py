@@ -1,4 +1,5 @@
-"""System mutations: Publish Admission, publish outcomes, claim results, expiry, gates.
+"""System mutations: Publish Admission, publish outcomes, claim results, expiry, gates, and
+dead-letter copies written.
 
 Theory of operation: workers propose these records from what they saw, but the log decides.
 When a mutation is applied, only source-replayable facts count: the message's generation,
@@ -9,6 +10,9 @@ that no longer matches gets a deterministic stale verdict, revokes its claim, an
 nothing. Outcomes resolve attempts; an UNKNOWN attempt stays an obligation until positive
 evidence, and its message becomes UNCERTAIN. An UNCERTAIN message may be retried a bounded
 number of times (the retry may duplicate the unknown attempt; that is recorded, not hidden).
+A generation that spends its budget is DEAD_LETTERED and, in the same step, owes a
+dead-letter copy (a dead_letters row); the runtime writes it and DEAD_LETTER_WRITTEN_V1
+closes it with its evidence, so a crash between the two is recovered from the state.
 """
 
 from __future__ import annotations
@@ -18,9 +22,19 @@ import msgspec
 from kernel.codes import Code
 from kernel.effects import DeadLetter, Publish, RevokeClaim
 from kernel.keys import attempt_prefix, lane_id, str_key
-from kernel.model import Attempt, AttemptStatus, Lane, Message, Obligation, Status, Table
+from kernel.model import (
+    Attempt,
+    AttemptStatus,
+    DeadLetterPending,
+    Lane,
+    Message,
+    Obligation,
+    Status,
+    Table,
+)
 from kernel.records import (
     ClaimResult,
+    DeadLetterWritten,
     Expire,
     LaneGate,
     NotPublished,
@@ -284,6 +298,26 @@ def _after_failure(
     )
     if before.has_work:
         step.remove_timeline(before)
+    if status is Status.DEAD_LETTERED:
+        # Owed from this very step: the copy's content as it stands now, and its payload.
+        step.put_dead_letter(
+            DeadLetterPending(
+                message_id=updated.message_id,
+                generation=updated.generation,
+                attempts_spent=updated.attempts_spent,
+                failures=updated.failures,
+                last_error=updated.last_error,
+                txn=updated.txn,
+                payload_digest=updated.payload_digest,
+                payload_size=updated.payload_size,
+                partition_key=updated.partition_key,
+                producer_sub=updated.producer_sub,
+                encrypted=updated.encrypted,
+                deliver_at_ms=updated.deliver_at_ms,
+                dead_lettered_position=step.position,
+                dead_lettered_at_ms=step.bp_ms,
+            )
+        )
     step.put_message(before, updated)
     if has_work:
         step.put_timeline(updated, "retry")
@@ -344,6 +378,32 @@ def expire(step: Step, r: Expire) -> None:
     updated = msgspec.structs.replace(_touch(step, message), status=status, has_work=False)
     step.put_message(message, updated)
     step.applied(verdict.code, updated)
+
+
+def dead_letter_written(step: Step, r: DeadLetterWritten) -> None:
+    """Recorded in every shard state: it reports a write that already happened."""
+    message = step.message(r.message_id)
+    pending = step.dead_letter(r.message_id, r.generation)
+    if message is None:
+        where = "ABSENT"
+    elif r.generation < message.generation:
+        where = OLD_GENERATION
+    else:
+        where = _status(message)
+    verdict = rule("dead_letter_written", where, "pending" if pending else "not_pending")
+    if verdict.code is not Code.DEAD_LETTER_RECORDED:
+        assert pending is None, f"a copy of {r.message_id}.{r.generation} owed but refused"
+        return step.rejected(verdict.code, message, evidence=r.evidence)
+    assert message is not None and pending is not None
+    step.close_dead_letter(pending)
+    if where == OLD_GENERATION:
+        # Superseded before its copy was written: the copy was still owed; the message row
+        # belongs to a later generation and is not touched.
+        return step.applied(Code.DEAD_LETTER_RECORDED, message, evidence=r.evidence)
+    assert message.status is Status.DEAD_LETTERED and message.dead_letter_evidence is None
+    updated = msgspec.structs.replace(_touch(step, message), dead_letter_evidence=r.evidence)
+    step.put_message(message, updated)
+    step.applied(Code.DEAD_LETTER_RECORDED, updated, evidence=r.evidence)
 
 
 def lane_gate(step: Step, r: LaneGate) -> None:

@@ -2,11 +2,12 @@
 
 Theory of operation: one ordered shard log carries both client commands (schedule,
 reschedule, cancel) and system mutations (admissions, outcomes, claim results, expiries,
-gate and shard-state changes). Each record is a frozen msgspec Struct tagged with its
-versioned wire name (`SCHEDULE_V1`, ...); `Record` is the closed union of all of them, so a
-decoder either yields one of these types or raises `msgspec.ValidationError` — there is no
-"unknown record" value to mishandle. A record never carries the time it was written: that is
-the log's job (`LogEntry.persisted_at_ms`), so replay sees the same time as the live run.
+gate and shard-state changes, dead-letter copies written). Each record is a frozen msgspec
+Struct tagged with its versioned wire name (`SCHEDULE_V1`, ...); `Record` is the closed union
+of all of them, so a decoder either yields one of these types or raises
+`msgspec.ValidationError` — there is no "unknown record" value to mishandle. A record never
+carries the time it was written: that is the log's job (`LogEntry.persisted_at_ms`), so
+replay sees the same time as the live run.
 """
 
 from __future__ import annotations
@@ -159,6 +160,17 @@ class ClaimResult(_Tagged, tag="CLAIM_RESULT_V1", frozen=True):
     detail: str = ""
 
 
+class DeadLetterWritten(_Tagged, tag="DEAD_LETTER_WRITTEN_V1", frozen=True):
+    """The dead-letter copy of a DEAD_LETTERED generation is in the destination's
+    dead-letter queue, at `evidence`. It closes the copy the reducer recorded as owed when the
+    generation was dead-lettered; a copy that is not owed (never dead-lettered, or already
+    recorded: copies are written at least once) changes nothing."""
+
+    message_id: str
+    generation: int
+    evidence: Evidence
+
+
 class Expire(_Tagged, tag="EXPIRE_V1", frozen=True):
     message_id: str
     generation: int
@@ -195,6 +207,7 @@ Record = (
     | Expire
     | LaneGate
     | ShardState
+    | DeadLetterWritten
 )
 
 COMMAND_TYPES = (Schedule, Reschedule, Cancel)

@@ -17,6 +17,7 @@ from kernel.effects import Effect, EntryOutcome
 from kernel.records import (
     Cancel,
     ClaimResult,
+    DeadLetterWritten,
     Expire,
     LaneGate,
     LogEntry,
@@ -64,6 +65,8 @@ def reduce(state: State, entry: LogEntry) -> tuple[State, tuple[Effect, ...]]:
             mutations.lane_gate(step, r)
         case ShardState() as r:
             mutations.shard_state(step, r)
+        case DeadLetterWritten() as r:
+            mutations.dead_letter_written(step, r)
     return step.finish()
 
 

@@ -8,7 +8,8 @@ validation and preconditions (identity, timing, versions, evidence) come before 
 are listed in `kernel/codes.py` in the order they are checked.
 
 `ABSENT` stands for "no row under this identity"; `OLD_GENERATION` for an outcome whose
-attempt belongs to a generation the message has since left. Conditions:
+attempt (or a dead-letter copy whose generation) belongs to a generation the message has
+since left. Conditions:
   identical      the command repeats the current generation's request exactly (same txn too)
   changed        it does not
   armed          an UNCERTAIN message has retry work in the timeline
@@ -18,6 +19,7 @@ attempt belongs to a generation the message has since left. Conditions:
   budget_left    after spending one attempt, attempts remain (and no other attempt is open)
   budget_left_behind_unknown   attempts remain, and another attempt is still UNKNOWN
   budget_spent   after spending one attempt, none remain
+  pending        a dead-letter copy of the record's generation is owed (a dead_letters row)
   (for cancel/reschedule of a DEAD_LETTERED message: alone = nothing of its generation can
   be at the destination; behind_unknown = an attempt is still UNKNOWN; published = an
   UNKNOWN attempt was later proven PUBLISHED)
@@ -133,6 +135,15 @@ _rows: list[Rule] = [
             "outcome_permanent",
             "outcome_unknown",
         )
+    ),
+    # A dead-letter copy written: recorded once, against the copy owed since the generation
+    # was dead-lettered, whatever happened to the message since (a superseding schedule does
+    # not cancel a copy that is owed). Nothing else is owed a copy.
+    Rule("dead_letter_written", X, "pending", Code.DEAD_LETTER_RECORDED, SAME),
+    Rule("dead_letter_written", OLD_GENERATION, "pending", Code.DEAD_LETTER_RECORDED, SAME),
+    *(
+        Rule("dead_letter_written", st, ANY, Code.DEAD_LETTER_NOT_PENDING, SAME)
+        for st in (ABSENT, S, P, U, D, C, E, X, OLD_GENERATION)
     ),
 ]
 

@@ -18,6 +18,7 @@ import msgspec
 from kernel.config import KernelConfig
 from kernel.model import (
     Attempt,
+    DeadLetterPending,
     Lane,
     Message,
     Obligation,
@@ -132,6 +133,9 @@ class State(msgspec.Struct, frozen=True):
 
     def usage(self, key: bytes) -> TenantUsage | None:
         return self._typed(Table.USAGE, key, TenantUsage)
+
+    def dead_letter(self, key: bytes) -> DeadLetterPending | None:
+        return self._typed(Table.DEAD_LETTERS, key, DeadLetterPending)
 
     def items(self, table: Table) -> Iterator[tuple[bytes, Value]]:
         """Merged rows in key order. Walks the whole base: for audits and tests, not for

@@ -12,13 +12,14 @@ import msgspec
 
 from kernel.codes import POSITION_CODES, Code
 from kernel.effects import Effect, EntryOutcome, RevokeClaim, TimelinePut, TimelineRemove
-from kernel.keys import str_key, timeline_key, usage_key
+from kernel.keys import dead_letter_key, str_key, timeline_key, usage_key
 from kernel.model import (
     ATTEMPT_COUNTER,
     LIVE_STATUSES,
     PAYLOAD_HOLDING,
     STATUS_COUNTER,
     Attempt,
+    DeadLetterPending,
     Message,
     PayloadRef,
     Table,
@@ -119,6 +120,25 @@ class Step:
             self._count(ATTEMPT_COUNTER[old.status], -1)
         self._count(ATTEMPT_COUNTER[new.status], +1)
         self.put(Table.ATTEMPTS, str_key(new.attempt_id), new)
+
+    def dead_letter(self, message_id: str, generation: int) -> DeadLetterPending | None:
+        value = self.get(Table.DEAD_LETTERS, dead_letter_key(message_id, generation))
+        assert value is None or isinstance(value, DeadLetterPending)
+        return value
+
+    def put_dead_letter(self, pending: DeadLetterPending) -> None:
+        """Record a dead-letter copy as owed; it holds the payload bytes until written."""
+        self._count("dead_letters_pending", +1)
+        self._acquire_payload(pending.payload_digest, pending.payload_size)
+        self.put(
+            Table.DEAD_LETTERS, dead_letter_key(pending.message_id, pending.generation), pending
+        )
+
+    def close_dead_letter(self, pending: DeadLetterPending) -> None:
+        """The owed copy was written: drop the row and its payload reference."""
+        self._count("dead_letters_pending", -1)
+        self._release_payload(pending.payload_digest)
+        self.delete(Table.DEAD_LETTERS, dead_letter_key(pending.message_id, pending.generation))
 
     def _adjust_usage(self, tenant: str, live_delta: int, bytes_delta: int) -> None:
         key = usage_key(tenant)

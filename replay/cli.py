@@ -162,6 +162,7 @@ def _print(result: ReplayResult, args: argparse.Namespace, verified: str | None)
         f"uncertain {c.uncertain}  delivered {c.delivered}  canceled {c.canceled}  "
         f"expired {c.expired}  dead-lettered {c.dead_lettered}"
     )
+    print(f"dead letters {c.dead_letters_pending} copies owed (not yet recorded written)")
     print(
         f"attempts     publishing {c.attempts_publishing}  published {c.attempts_published}  "
         f"not-published {c.attempts_not_published}  unknown {c.attempts_unknown}"

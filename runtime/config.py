@@ -35,3 +35,11 @@ class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lane_unready_ms: int = 1_000
     # Commands waiting in the intake queue before submit() pushes back.
     max_queued_commands: int = 65_536
+    # A dead-letter copy whose write failed (or whose fate is unknown) is written again after
+    # base * 2^(n-1) ms, at most max, for its n-th consecutive failure.
+    dead_letter_backoff_base_ms: int = 500
+    dead_letter_backoff_max_ms: int = 60_000
+
+    def dead_letter_backoff_ms(self, failures: int) -> int:
+        exponent = min(max(failures - 1, 0), 40)
+        return min(self.dead_letter_backoff_base_ms << exponent, self.dead_letter_backoff_max_ms)

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import msgspec
 
+from kernel.keys import attempt_prefix
 from kernel.records import Capability, Evidence, NotPublished, Published, Unknown
 
 # Headers Nereus writes on every published record; clients may not send these names.
@@ -28,6 +29,24 @@ H_PRODUCER = "nereus-producer"
 H_PRODUCER_SUB = "nereus-producer-sub"
 # On records whose value is an encryption envelope (adapters/crypto.py); value: the algorithm.
 H_ENCRYPTION = "nereus-encryption"
+# On dead-letter copies: the synthetic consumer group the copy is filed under.
+H_CONSUMER_GROUP = "nereus-consumer-group"
+DLQ_CONSUMER_GROUP = "nereus.timers.dlq"
+# A queue's dead-letter copies go to its topic plus this suffix.
+DLQ_SUFFIX = ".dlq"
+
+
+def dead_letter_attempt_id(message_id: str, generation: int) -> str:
+    """The attempt id a generation's dead-letter copy is written under. Every write of that
+    copy (a retry, a rewrite after a restart) carries the same one, so an evidence lookup
+    finds any of them and a consumer of the dead-letter queue can drop duplicates by it."""
+    return f"{attempt_prefix(message_id, generation)}dlq"
+
+
+def is_dead_letter_attempt(attempt_id: str) -> bool:
+    """Publish attempt ids end in a claim sequence (digits, or namespace-digits), never in
+    `.dlq`."""
+    return attempt_id.endswith(".dlq")
 
 
 class PreparedPublish(msgspec.Struct, frozen=True):

@@ -7,6 +7,12 @@ accepts. Nereus's own headers carry the identity and evidence keys (message id, 
 txn, producer); the attempt id header is added at send time. A message scheduled with
 `encrypted` holds an envelope (adapters/crypto.py), delivered unchanged with the
 `nereus-encryption` header on it and on its dead-letter copy.
+
+A dead-letter copy is made of the dead-lettered generation as the kernel recorded it when it
+owed the copy (`kernel.model.DeadLetterPending`), not of whatever generation the message row
+holds by the time the copy is written. It is filed under the synthetic consumer group
+`nereus.timers.dlq` and carries the attempt history; a copy that would not fit the
+dead-letter topic is written without its payload (and says so) rather than never.
 """
 
 from __future__ import annotations
@@ -14,8 +20,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from kernel.model import Message
+import msgspec
+
+from kernel.model import DeadLetterPending, Message
 from runtime.destination import (
+    DLQ_CONSUMER_GROUP,
+    DLQ_SUFFIX,
+    H_CONSUMER_GROUP,
     H_DELIVER_AT,
     H_ENCRYPTION,
     H_GENERATION,
@@ -68,23 +79,63 @@ def prepare(
     return prepared
 
 
+# Headers of a dead-letter copy (beside the identity headers and the consumer group).
+H_DLQ_ATTEMPTS_SPENT = "nereus-dlq-attempts-spent"
+H_DLQ_FAILURES = "nereus-dlq-failures"
+H_DLQ_LAST_ERROR = "nereus-dlq-last-error"
+# Set when the copy carries no payload: `payload_missing` (the bytes were never stored) or
+# `record_too_large:<bytes>` (the copy with its payload would not fit the topic).
+H_DLQ_PAYLOAD_OMITTED = "nereus-dlq-payload-omitted"
+
+
+def dead_letter_message(message: Message, pending: DeadLetterPending) -> Message:
+    """`message` (the row of any later generation of the same timer) restated as the
+    dead-lettered generation stood when its copy became owed: what the copy is made of."""
+    return msgspec.structs.replace(
+        message,
+        generation=pending.generation,
+        txn=pending.txn,
+        payload_digest=pending.payload_digest,
+        payload_size=pending.payload_size,
+        partition_key=pending.partition_key,
+        producer_sub=pending.producer_sub,
+        encrypted=pending.encrypted,
+        deliver_at_ms=pending.deliver_at_ms,
+        attempts_spent=pending.attempts_spent,
+        failures=pending.failures,
+        last_error=pending.last_error,
+    )
+
+
 def prepare_dead_letter(
     message: Message,
-    payload: bytes,
+    payload: bytes | None,
     destination: Destination,
     *,
     attempts_spent: int,
     failures: int,
     last_error: str | None,
 ) -> PreparedPublish:
-    """The dead-letter copy: the same record, on `<topic>.dlq`, with its attempt history."""
+    """The dead-letter copy: the same record, on `<topic>.dlq`, filed under the consumer
+    group `nereus.timers.dlq`, with its attempt history. Without its payload (and a header
+    saying why) when the bytes are missing or the copy would not fit the topic."""
     history = [
-        ("nereus-dlq-attempts-spent", str(attempts_spent).encode()),
-        ("nereus-dlq-failures", str(failures).encode()),
-        ("nereus-dlq-last-error", (last_error or "").encode()),
+        (H_CONSUMER_GROUP, DLQ_CONSUMER_GROUP.encode()),
+        (H_DLQ_ATTEMPTS_SPENT, str(attempts_spent).encode()),
+        (H_DLQ_FAILURES, str(failures).encode()),
+        (H_DLQ_LAST_ERROR, (last_error or "").encode()),
     ]
-    topic = destination.topic_for(message.queue) + ".dlq"
-    return _publish(message, payload, destination, topic, history)
+    topic = destination.topic_for(message.queue) + DLQ_SUFFIX
+    if payload is None:
+        omitted = [(H_DLQ_PAYLOAD_OMITTED, b"payload_missing")]
+        return _publish(message, b"", destination, topic, history + omitted)
+    prepared = _publish(message, payload, destination, topic, history)
+    # Room for the attempt-id header added at send time, as for an ordinary record.
+    if prepared.size_bytes() + 128 > destination.max_record_bytes(topic):
+        reason = f"record_too_large:{prepared.size_bytes()}".encode()
+        omitted = [(H_DLQ_PAYLOAD_OMITTED, reason)]
+        return _publish(message, b"", destination, topic, history + omitted)
+    return prepared
 
 
 def _publish(

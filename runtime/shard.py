@@ -10,6 +10,15 @@ still ours and the trusted clock proves its action time has come. Results come b
 the next tick. A broken invariant raises out of `tick()` and halts the runtime: restarting
 replays the log rather than guessing.
 
+Dead-letter copies are owed in the shard state (the dead_letters table), not in memory: the
+fold that dead-letters a generation records the copy as owed, a `DeadLetter` effect (or, at
+recovery, the table itself) has the runtime write it to `<topic>.dlq`, and a PUBLISHED result
+goes back into the log as DEAD_LETTER_WRITTEN_V1, which closes it. A failed or UNKNOWN write
+is retried after a backoff; after an UNKNOWN one, and after a restart or a takeover, the
+runtime first looks for the copy at the destination under its attempt id. Copies are
+at-least-once: a write whose fate was unknown and that the lookup misses is written again,
+and both copies carry the same attempt id.
+
 Due discovery walks the per-lane timeline index in two-level deficit-round-robin order
 (`runtime.drr`), so a lane with a large backlog cannot starve the others.
 
@@ -28,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from kernel.effects import (
     DeadLetter,
@@ -36,10 +46,18 @@ from kernel.effects import (
     Publish,
     RevokeClaim,
 )
-from kernel.keys import attempt_prefix, lane_id, parse_timeline_key, str_key, timeline_key
+from kernel.keys import (
+    attempt_prefix,
+    dead_letter_key,
+    lane_id,
+    parse_timeline_key,
+    str_key,
+    timeline_key,
+)
 from kernel.model import (
     Attempt,
     AttemptStatus,
+    DeadLetterPending,
     Lane,
     Message,
     Obligation,
@@ -50,6 +68,7 @@ from kernel.model import (
 from kernel.records import (
     Capacity,
     ClaimResult,
+    DeadLetterWritten,
     Expire,
     LogEntry,
     NotPublished,
@@ -63,11 +82,18 @@ from kernel.timing import Decision, TrustedInterval, decide
 from runtime.claims import Claim, ClaimTable
 from runtime.clock import ClockSource
 from runtime.config import RuntimeConfig
-from runtime.destination import Destination, Send
+from runtime.destination import (
+    DLQ_SUFFIX,
+    Destination,
+    Send,
+    SendResult,
+    dead_letter_attempt_id,
+    is_dead_letter_attempt,
+)
 from runtime.drr import DeficitRoundRobin
 from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics
-from runtime.prepare import PrepareFailure, prepare, prepare_dead_letter
+from runtime.prepare import PrepareFailure, dead_letter_message, prepare, prepare_dead_letter
 from runtime.shardlog import EmbeddedLog, ShardLog, ShardLost
 from storage.base import StoreView
 from storage.store import Appendable, ShardStore
@@ -119,6 +145,20 @@ class _PendingSend:
 
 
 @dataclass
+class _DeadLetterCopy:
+    """A copy this runtime is writing. `waiting`: to be written at `due_ms` (runtime clock),
+    after looking for it at the destination first if `look_first`; `sending`: handed to the
+    destination; `recorded`: DEAD_LETTER_WRITTEN_V1 is on its way into the log."""
+
+    message_id: str
+    generation: int
+    state: Literal["waiting", "sending", "recorded"] = "waiting"
+    due_ms: int = 0
+    failures: int = 0
+    look_first: bool = False
+
+
+@dataclass
 class _Tick:
     interval: TrustedInterval
     now_ms: int
@@ -165,7 +205,9 @@ class ShardRuntime:
         self._thread: threading.Thread | None = None
         self._pending_sends: list[_PendingSend] = []
         self._deferred: list[Appendable] = []
-        self._dlq_inflight: set[str] = set()
+        # Dead-letter copies being written, by their attempt id; the owed ones are in the
+        # store's dead_letters table, so a restart loses nothing held here.
+        self._dead_letters: dict[str, _DeadLetterCopy] = {}
         self._lane_unready_until: dict[tuple[str, str], int] = {}
         self._recovered = False
         self._last_reconcile_ms = 0
@@ -255,6 +297,7 @@ class ShardRuntime:
             self.claims.drop(claim.message_id)
         self._pending_sends = []
         self._deferred = []
+        self._dead_letters = {}
 
     def tick(self) -> float:
         """One round: gather, commit once, act on effects, send. Returns how long the
@@ -283,7 +326,7 @@ class ShardRuntime:
         if not self._recovered and log.caught_up():
             tick.items.extend(self._recover())
             self._recovered = True
-        tick.items.extend(self._collect_results())
+        tick.items.extend(self._collect_results(tick))
         tick.items.extend(self._deferred)
         self._deferred = []
         settled = self._recovered and log.settled()
@@ -293,10 +336,12 @@ class ShardRuntime:
         if settled and self.store.meta.shard_status == "ACTIVE_FOR_COMMANDS":
             tick.items.extend(self._discover(tick))
         # Sends waiting for proof that this owner still owns the shard need a write.
-        needs_proof = bool(self._pending_sends) and not log.send_allowed()
+        waiting = bool(self._pending_sends) or self._dead_letters_due(tick.now_ms)
+        needs_proof = waiting and not log.send_allowed()
         if tick.items or log.pending() or needs_proof:
             self._commit(tick)
         self._send_ready(tick)
+        self._write_dead_letters(tick)
         self._update_gauges(tick)
         return self._next_sleep_s(tick)
 
@@ -366,6 +411,12 @@ class ShardRuntime:
             m.inc(
                 "nereus_admissions_total", labels={"result": "won" if outcome.applied else "stale"}
             )
+        elif isinstance(entry.record, DeadLetterWritten):
+            # Folded: the copy is no longer owed (or never was); stop writing it.
+            record = entry.record
+            self._dead_letters.pop(
+                dead_letter_attempt_id(record.message_id, record.generation), None
+            )
 
     def _act(self, effect: Effect, tick: _Tick) -> None:
         match effect:
@@ -401,8 +452,10 @@ class ShardRuntime:
                 if claim is not None and claim.generation == revoke.generation:
                     self.claims.drop(revoke.message_id, revoke.claim_id)
             case DeadLetter() as dead:
-                if self._recovered:  # else a former owner's, written when it was folded
-                    self._dead_letter(dead, tick)
+                # Before recovery this is history: recovery takes every copy still owed
+                # from the dead_letters table.
+                if self._recovered:
+                    self._owe_copy(dead.message_id, dead.generation, look_first=False)
             case _:
                 pass
 
@@ -431,16 +484,11 @@ class ShardRuntime:
         if ready:
             self.destination.submit(ready, self.clock.now_ms())
 
-    def _collect_results(self) -> list[Appendable]:
+    def _collect_results(self, tick: _Tick) -> list[Appendable]:
         items: list[Appendable] = []
         for res in self.destination.poll(0):
-            if res.attempt_id in self._dlq_inflight:
-                self._dlq_inflight.discard(res.attempt_id)
-                self.log.info(
-                    "dead_letter_written",
-                    attempt_id=res.attempt_id,
-                    result=type(res.result).__name__,
-                )
+            if is_dead_letter_attempt(res.attempt_id):
+                items.extend(self._dead_letter_result(res, tick))
                 continue
             items.append(
                 (PublishOutcome(res.attempt_id, res.message_id, res.generation, res.result), None)
@@ -600,7 +648,13 @@ class ShardRuntime:
 
     def _recover(self) -> list[Appendable]:
         """After a restart no send gate of a PUBLISHING attempt survives: resolve each by
-        evidence, or record UNKNOWN. Never re-send blindly; never infer absence."""
+        evidence, or record UNKNOWN. Never re-send blindly; never infer absence. Every
+        dead-letter copy still owed is written (after looking for it first: the process
+        that owed it may have written it and died before recording it)."""
+        with self.store.read() as view:
+            for _key, pending in view.items(Table.DEAD_LETTERS):
+                assert isinstance(pending, DeadLetterPending)
+                self._owe_copy(pending.message_id, pending.generation, look_first=True)
         return self._resolve_obligations(
             (AttemptStatus.PUBLISHING, AttemptStatus.UNKNOWN),
             record_unknown=True,
@@ -671,26 +725,97 @@ class ShardRuntime:
 
     # Dead letters -------------------------------------------------------------------------
 
-    def _dead_letter(self, dead: DeadLetter, tick: _Tick) -> None:
-        with self.store.read() as view:
-            message = view.get(Table.MESSAGES, str_key(dead.message_id))
-            assert isinstance(message, Message)
-            payload = view.payload(message.payload_digest) or b""
-        prepared = prepare_dead_letter(
-            message,
-            payload,
-            self.destination,
-            attempts_spent=dead.attempts_spent,
-            failures=dead.failures,
-            last_error=dead.last_error,
-        )
-        topic = prepared.topic
-        attempt_id = f"{attempt_prefix(message.message_id, message.generation)}dlq"
-        self._dlq_inflight.add(attempt_id)
-        self.destination.submit([Send(attempt_id, prepared)], tick.now_ms)
+    def _owe_copy(self, message_id: str, generation: int, *, look_first: bool) -> None:
+        aid = dead_letter_attempt_id(message_id, generation)
+        if aid not in self._dead_letters:
+            self._dead_letters[aid] = _DeadLetterCopy(message_id, generation, look_first=look_first)
+
+    def _dead_letters_due(self, now_ms: int) -> bool:
+        return any(c.state == "waiting" and c.due_ms <= now_ms for c in self._dead_letters.values())
+
+    def _dead_letter_result(self, res: SendResult, tick: _Tick) -> list[Appendable]:
+        """A PUBLISHED copy goes into the log (whichever of its writes it was: the evidence
+        is true of any); a failed or UNKNOWN write is written again after a backoff."""
+        copy = self._dead_letters.get(res.attempt_id)
+        result = res.result
+        if copy is None or copy.state == "recorded":
+            return []  # already recorded (a duplicate report) or no longer owed
+        if isinstance(result, Published):
+            copy.state = "recorded"
+            self.metrics.inc("nereus_dead_letters_total", labels={"result": "written"})
+            self.log.info("dead_letter_written", attempt_id=res.attempt_id)
+            record = DeadLetterWritten(copy.message_id, copy.generation, result.evidence)
+            return [(record, None)]
+        if copy.state != "sending":
+            return []  # a late report of an earlier write: the retry is already planned
+        copy.failures += 1
+        copy.state = "waiting"
+        # Once a write's fate was unknown, every later write looks first: that one may have
+        # landed, and a lookup that missed it once proves nothing.
+        copy.look_first = copy.look_first or isinstance(result, Unknown)
+        copy.due_ms = tick.now_ms + self.config.dead_letter_backoff_ms(copy.failures)
+        self.metrics.inc("nereus_dead_letters_total", labels={"result": "failed"})
         self.log.warning(
-            "dead_lettered", message_id=message.message_id, topic=topic, last_error=dead.last_error
+            "dead_letter_write_failed",
+            attempt_id=res.attempt_id,
+            result=type(result).__name__,
+            error=result.error_code if isinstance(result, NotPublished) else result.reason,
+            failures=copy.failures,
+            retry_at_ms=copy.due_ms,
         )
+        return []
+
+    def _write_dead_letters(self, tick: _Tick) -> None:
+        """Write the copies that are due; look first where a write's fate is unknown."""
+        if not self._recovered or not self._dead_letters_due(tick.now_ms):
+            return
+        if not self.shard_log.send_allowed():
+            return  # as for publishes: only an owner that proved it still owns the shard
+        due: list[tuple[str, _DeadLetterCopy, Message, DeadLetterPending, bytes | None]] = []
+        with self.store.read() as view:
+            for aid, copy in list(self._dead_letters.items()):
+                if copy.state != "waiting" or copy.due_ms > tick.now_ms:
+                    continue
+                key = dead_letter_key(copy.message_id, copy.generation)
+                pending = view.get(Table.DEAD_LETTERS, key)
+                if not isinstance(pending, DeadLetterPending):
+                    del self._dead_letters[aid]  # recorded since (folded from the log)
+                    continue
+                message = view.get(Table.MESSAGES, str_key(copy.message_id))
+                assert isinstance(message, Message)
+                due.append((aid, copy, message, pending, view.payload(pending.payload_digest)))
+        sends: list[Send] = []
+        for aid, copy, message, pending, payload in due:
+            topic = self.destination.topic_for(message.queue) + DLQ_SUFFIX
+            if copy.look_first:
+                found = self.destination.find(aid, topic, pending.dead_lettered_at_ms)
+                if found is not None:
+                    copy.state = "recorded"
+                    self.metrics.inc("nereus_dead_letters_total", labels={"result": "found"})
+                    self.log.info("dead_letter_found", attempt_id=aid, topic=found.destination)
+                    record = DeadLetterWritten(copy.message_id, copy.generation, found)
+                    self._deferred.append((record, None))
+                    continue
+            prepared = prepare_dead_letter(
+                dead_letter_message(message, pending),
+                payload,
+                self.destination,
+                attempts_spent=pending.attempts_spent,
+                failures=pending.failures,
+                last_error=pending.last_error,
+            )
+            copy.state = "sending"
+            sends.append(Send(aid, prepared))
+            self.log.warning(
+                "dead_lettered",
+                message_id=copy.message_id,
+                generation=copy.generation,
+                topic=prepared.topic,
+                last_error=pending.last_error,
+                attempt=copy.failures + 1,
+            )
+        if sends:
+            self.destination.submit(sends, self.clock.now_ms())
 
     # Reads --------------------------------------------------------------------------------
 
@@ -722,6 +847,7 @@ class ShardRuntime:
         m.set("nereus_messages", c.publishing, {"status": "publishing"})
         m.set("nereus_messages", c.uncertain, {"status": "uncertain"})
         m.set("nereus_open_obligations", c.attempts_publishing + c.attempts_unknown)
+        m.set("nereus_dead_letters_pending", c.dead_letters_pending)
         m.set("nereus_applied_position", self.store.meta.position)
         width = tick.interval.width_ms
         m.set("nereus_clock_error_bound_seconds", width / 2000 if width < 2**61 else -1)
@@ -736,6 +862,8 @@ class ShardRuntime:
     def _next_sleep_s(self, tick: _Tick) -> float:
         if self._intake or self._deferred or self._pending_sends:
             return 0.0 if not self._pending_sends else 0.001
+        if self._dead_letters_due(self.clock.now_ms()):
+            return 0.001
         if self.shard_log.pending():
             return 0.0
         max_s = self.config.idle_sleep_max_ms / 1000
@@ -770,6 +898,14 @@ def _describe_metrics(m: Metrics) -> None:
     m.describe("nereus_pending_sends", "gauge", "Admitted attempts waiting for their send.")
     m.describe("nereus_messages", "gauge", "Messages by status.")
     m.describe("nereus_open_obligations", "gauge", "Attempts PUBLISHING or UNKNOWN.")
+    m.describe(
+        "nereus_dead_letters_pending", "gauge", "Dead-letter copies owed and not yet recorded."
+    )
+    m.describe(
+        "nereus_dead_letters_total",
+        "counter",
+        "Dead-letter copy writes: written, failed (retried after a backoff), found by lookup.",
+    )
     m.describe("nereus_applied_position", "gauge", "appliedShardLogPosition.")
     m.describe(
         "nereus_clock_error_bound_seconds",

@@ -35,6 +35,9 @@ def summary(figures: Counter[str], seconds: float) -> str:
         "resync": figures["clock_resync"],
     }
     ends = {k[6:]: v for k, v in sorted(figures.items()) if k.startswith("final_")}
+    dlq_faults = sum(
+        v for k, v in figures.items() if k.startswith("dlq_send_") and k != "dlq_send_ok"
+    )
     parts = [
         f"seeds={figures['seeds']}",
         f"steps={figures['steps']}",
@@ -46,8 +49,14 @@ def summary(figures: Counter[str], seconds: float) -> str:
         f"messages_checked={figures['generations_checked']}"
         f" (keys={figures['keys_checked']}) {_fmt(ends)}",
         f"sends_ok={figures['send_ok']} writes={figures['writes']}"
-        f" duplicate_writes={figures['duplicate_writes']} dlq_writes={figures['dlq_writes']}"
-        f" dlq_copy_missing={figures['dlq_copy_missing']}",
+        f" duplicate_writes={figures['duplicate_writes']}",
+        f"dead_lettered={figures['dead_lettered']}"
+        f" dlq_copies_recorded={figures['code_dead_letter_recorded']}"
+        f" dlq_writes={figures['dlq_writes']} dlq_write_faults={dlq_faults}"
+        f" dlq_duplicate_writes={figures['dlq_duplicate_writes']}"
+        f" dlq_duplicate_reports={figures['code_dead_letter_not_pending']}"
+        f" dlq_copies_of_superseded={figures['dlq_copies_of_superseded']}"
+        f" dlq_owed_at_crash={figures['dlq_owed_at_crash']}",
         f"open_unknown={figures['open_unknown_attempts']}",
         f"log_entries={figures['log_entries']}",
     ]

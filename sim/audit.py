@@ -16,7 +16,12 @@ Each check returns sentences; an empty list means the run kept every promise:
 5. nothing lost: every generation ever scheduled is superseded or ended DELIVERED (with the
    broker's evidence), CANCELED or EXPIRED (with no write), DEAD_LETTERED, or UNCERTAIN
    with an open obligation; once settled, no PUBLISHING attempt is left and no UNKNOWN
-   attempt whose record the broker holds.
+   attempt whose record the broker holds;
+6. every dead-lettered generation (superseded since, or not) ends with its dead-letter copy
+   recorded once (DEAD_LETTER_WRITTEN_V1) with the evidence of a copy the broker holds under
+   its attempt id, filed under the DLQ consumer group with the generation's budget; the
+   message keeps that evidence; no copy is owed once settled, and no copy was written for a
+   generation that was never dead-lettered (copies are at-least-once: duplicates counted).
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from dataclasses import dataclass, field
 from kernel.codes import Code
 from kernel.config import KernelConfig
 from kernel.digest import state_digest
-from kernel.effects import Effect, EntryOutcome
+from kernel.effects import DeadLetter, Effect, EntryOutcome
 from kernel.invariants import check as invariant_violations
 from kernel.keys import message_id
 from kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from kernel.records import (
+    DeadLetterWritten,
+    Evidence,
     Expire,
     LogEntry,
     NotPublished,
@@ -46,6 +53,8 @@ from kernel.reducer import reduce
 from kernel.state import State
 from replay.fold import obligations
 from replay.verify import first_difference
+from runtime.destination import DLQ_CONSUMER_GROUP, H_CONSUMER_GROUP, dead_letter_attempt_id
+from runtime.prepare import H_DLQ_ATTEMPTS_SPENT
 from sim.destination import Write
 from storage.memory import MemoryStore
 from storage.store import ShardStore
@@ -85,6 +94,10 @@ class Audit:
         default_factory=dict
     )
     written: dict[str, list[Write]] = field(default_factory=dict)  # attempt id -> writes
+    # (message id, generation) -> the DeadLetter effect that made the copy owed, its position
+    dead_lettered: dict[tuple[str, int], tuple[int, DeadLetter]] = field(default_factory=dict)
+    # (message id, generation) -> the evidence its DEAD_LETTER_WRITTEN_V1 recorded
+    copies: dict[tuple[str, int], Evidence] = field(default_factory=dict)
 
     def fail(self, sentence: str) -> None:
         self.problems.append(sentence)
@@ -172,6 +185,12 @@ def _walk_log(
             a.fail(f"position {pos} is in the log but was never seen committed")
             continue
         a.figures[f"code_{outcome.code}"] += 1
+        for effect in effects[entry.position][1:]:
+            if isinstance(effect, DeadLetter):
+                key = (effect.message_id, effect.generation)
+                if key in a.dead_lettered:
+                    a.fail(f"{key[0]}.{key[1]} dead-lettered twice")
+                a.dead_lettered[key] = (pos, effect)
         if not outcome.applied:
             continue
         if pos in seen.committed_unsynced and isinstance(record, PublishAdmission | Expire):
@@ -201,6 +220,8 @@ def _walk_log(
                     a.fail(f"attempt {record.attempt_id} admitted at/after expireAt")
             case PublishOutcome():
                 _outcome(record, pos, a)
+            case DeadLetterWritten():
+                _copy_recorded(record, pos, a)
             case Expire():
                 gen = a.gens.get((record.message_id, record.generation))
                 if gen is None:
@@ -234,12 +255,46 @@ def _outcome(record: PublishOutcome, pos: int, a: Audit) -> None:
         a.fail(f"attempt {record.attempt_id}: NOT_PUBLISHED but the broker holds it")
 
 
+def _copy_recorded(record: DeadLetterWritten, pos: int, a: Audit) -> None:
+    key = (record.message_id, record.generation)
+    where = f"{record.message_id}.{record.generation}"
+    if key not in a.dead_lettered or a.dead_lettered[key][0] > pos:
+        a.fail(f"position {pos}: a dead-letter copy of {where} recorded, never dead-lettered")
+    if key in a.copies:
+        a.fail(f"position {pos}: the dead-letter copy of {where} recorded twice")
+    a.copies[key] = record.evidence
+    if any(g > record.generation for mid, g in a.gens if mid == record.message_id):
+        a.figures["dlq_copies_of_superseded"] += 1  # owed across a superseding schedule
+    ev = record.evidence
+    held = a.written.get(dead_letter_attempt_id(*key), [])
+    if not any((w.topic, w.offset) == (ev.destination, ev.offset) for w in held):
+        a.fail(f"position {pos}: the dead-letter copy of {where} without the broker's evidence")
+
+
+def _check_dead_letter_write(w: Write, per_attempt: Counter[str], a: Audit) -> None:
+    a.figures["dlq_writes"] += 1
+    where = f"dead-letter copy {w.attempt_id}"
+    owed = a.dead_lettered.get((w.message_id, w.generation))
+    if owed is None or w.attempt_id != dead_letter_attempt_id(w.message_id, w.generation):
+        a.fail(f"{where}: written for a generation never dead-lettered")
+        return
+    if owed[0] > w.applied_position:
+        a.fail(f"{where}: written before the entry that dead-lettered it was committed")
+    headers = dict(w.headers)
+    if headers.get(H_CONSUMER_GROUP) != DLQ_CONSUMER_GROUP.encode():
+        a.fail(f"{where}: not filed under the {DLQ_CONSUMER_GROUP} consumer group")
+    if headers.get(H_DLQ_ATTEMPTS_SPENT) != str(owed[1].attempts_spent).encode():
+        a.fail(f"{where}: its attempt history differs from the dead-lettered generation's")
+    if per_attempt[w.attempt_id] > 1 and w is not a.written[w.attempt_id][0]:
+        a.figures["dlq_duplicate_writes"] += 1  # at-least-once: a rewrite after UNKNOWN
+
+
 def _check_writes(writes: list[Write], a: Audit) -> None:
     by_gen: dict[tuple[str, int], list[Write]] = {}
     per_attempt = Counter(w.attempt_id for w in writes)
     for w in writes:
         if w.dlq:
-            a.figures["dlq_writes"] += 1
+            _check_dead_letter_write(w, per_attempt, a)
             continue
         a.figures["writes"] += 1
         by_gen.setdefault((w.message_id, w.generation), []).append(w)
@@ -324,16 +379,23 @@ def _check_generations(ends: dict[tuple[str, int], Message], writes: list[Write]
                 a.fail(f"{where}: DELIVERED without a matching broker record")
         if m.status in (Status.CANCELED, Status.EXPIRED) and (mid, generation) in gens_written:
             a.fail(f"{where}: {m.status} but the broker holds a record of it")
-        if m.status is Status.DEAD_LETTERED and (mid, generation) not in dlq:
-            # A known gap (specs/README.md): a crash between the commit and the dead-letter
-            # write loses the copy. Counted, not failed.
-            a.figures["dlq_copy_missing"] += 1
+        if m.status is Status.DEAD_LETTERED:
+            a.figures["dead_lettered"] += 1
+            recorded = a.copies.get((mid, generation))
+            if (mid, generation) not in a.dead_lettered:
+                a.fail(f"{where}: DEAD_LETTERED without a DeadLetter effect")
+            if recorded is None or (mid, generation) not in dlq:
+                a.fail(f"{where}: DEAD_LETTERED, but its dead-letter copy was never recorded")
+            elif current and m.dead_letter_evidence != recorded:
+                a.fail(f"{where}: the message lacks its dead-letter copy's evidence")
     a.figures["keys_checked"] = len({mid for mid, _ in a.gens})
 
 
 def _check_settled(store: ShardStore, writes: list[Write], a: Audit) -> None:
     """Once settled: no PUBLISHING attempt, and no UNKNOWN one the broker holds."""
     written = {w.attempt_id for w in writes if not w.dlq}
+    if store.meta.counters.dead_letters_pending:
+        a.fail(f"{store.meta.counters.dead_letters_pending} dead-letter copies still owed")
     with store.read() as view:
         for key, value in view.items(Table.ATTEMPTS):
             assert isinstance(value, Attempt)

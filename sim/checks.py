@@ -6,9 +6,9 @@ The end-of-run audit (which needs the whole log) is `sim.audit`.
 from __future__ import annotations
 
 from kernel.invariants import check as invariant_violations
-from kernel.keys import str_key
+from kernel.keys import dead_letter_key, str_key
 from kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from runtime.destination import Send
+from runtime.destination import Send, dead_letter_attempt_id
 from storage.base import StoreView
 from storage.store import ShardStore
 
@@ -22,9 +22,12 @@ def send_problem(view: StoreView, send: Send) -> str | None:
     if not isinstance(message, Message):
         return "no message row"
     if p.topic.endswith(".dlq"):
-        # The dead-letter copy is written after the batch that dead-lettered the message.
-        if message.status is not Status.DEAD_LETTERED:
-            return f"dead letter of a {message.status} message"
+        # A copy is written only while the committed state owes it: after the batch that
+        # dead-lettered its generation, before DEAD_LETTER_WRITTEN_V1 recorded it.
+        if view.get(Table.DEAD_LETTERS, dead_letter_key(p.message_id, p.generation)) is None:
+            return f"dead letter of {p.message_id}.{p.generation} not owed ({message.status})"
+        if send.attempt_id != dead_letter_attempt_id(p.message_id, p.generation):
+            return "dead letter under another attempt id"
         return None
     attempt = view.get(Table.ATTEMPTS, str_key(send.attempt_id))
     if not isinstance(attempt, Attempt):

@@ -5,12 +5,12 @@ with the TRUE time of the write (which only the simulator knows), the attempt id
 what the shard store held at that moment. It survives restarts, as a real broker would.
 
 `SimDestination` is what one runtime incarnation talks to (`runtime.destination.Destination`).
-Per send it draws one behaviour: success; a definite failure (retriable, permanent, lane
-unavailable: the record is certainly absent); a timeout after the write (UNKNOWN, present, so
-`find` can prove it later); a timeout before the write (UNKNOWN, absent); a duplicated
-delivery report; and any of them acknowledged late. Results wait in memory until their
-(true-time) release, so a crash loses them, like a producer's callbacks. `find` may miss
-during the chaotic phase (None proves nothing), never in the settled one.
+Per send (a dead-letter copy's too) it draws one behaviour: success; a definite failure
+(retriable, permanent, lane unavailable: the record is certainly absent); a timeout after the
+write (UNKNOWN, present, so `find` can prove it later); a timeout before the write (UNKNOWN,
+absent); a duplicated delivery report; and any of them acknowledged late. Results wait in
+memory until their (true-time) release, so a crash loses them, like a producer's callbacks.
+`find` may miss during the chaotic phase (None proves nothing), never in the settled one.
 
 Before every send the destination opens a read view of the shard store and records what it
 found there (`checks.send_problem`): a send must find its attempt durably PUBLISHING.
@@ -61,6 +61,7 @@ class Write:
     deliver_at_ms: int  # what the descriptor said; checks use their own deliverAt
     dlq: bool
     synchronized: bool  # whether the runtime's clock was synchronised at the write
+    headers: tuple[tuple[str, bytes], ...]  # the record's headers, as written
     # The shard store at the moment of the write: its applied position, and the problem
     # (if any) with the attempt's durable state.
     applied_position: int
@@ -88,6 +89,7 @@ class Broker:
             deliver_at_ms=p.deliver_at_ms,
             dlq=p.topic.endswith(".dlq"),
             synchronized=clock.synchronized,
+            headers=send.headers(),
             applied_position=applied,
             problem=problem,
         )
@@ -170,11 +172,13 @@ class SimDestination:
     def _one(self, send: Send) -> None:
         p = send.prepared
         dlq = p.topic.endswith(".dlq")
-        behaviour = OK if dlq else self._behaviour()
+        # Dead-letter copies meet the same weather as publishes: failures, timeouts before
+        # and after the write, duplicate and late reports.
+        behaviour = self._behaviour()
         with self.store.read() as view:
             problem = send_problem(view, send)
             applied = self.store.meta.position
-        self.stats[f"send_{behaviour}"] += 1
+        self.stats[f"{'dlq_send' if dlq else 'send'}_{behaviour}"] += 1
         written: Write | None = None
         if behaviour in WRITES:
             written = self.broker.write(send, self.clock, applied, problem)

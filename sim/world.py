@@ -108,6 +108,9 @@ class World:
             reconcile_interval_ms=2_000,
             reconcile_budget_ms=10**12,  # wall time must not cut a pass short: determinism
             lane_unready_ms=500,
+            # Dead-letter copies whose write failed are written again soon, or much later.
+            dead_letter_backoff_base_ms=rng.choice((50, 500)),
+            dead_letter_backoff_max_ms=4_000,
         )
         self.broker = Broker()
         self.faults = Faults(self.stats)
@@ -156,6 +159,8 @@ class World:
         """The process died at `point`: everything in memory is gone (runtime, claims,
         acknowledgements in flight, replies not yet given); the files stay."""
         self.stats["crashes"] += 1
+        # Copies owed when the process died: only the store remembers them now.
+        self.stats["dlq_owed_at_crash"] += self.store.meta.counters.dead_letters_pending
         self.trace(f"CRASH at {point}")
         self.destination.close()
         self.store.close()
@@ -313,7 +318,7 @@ class World:
         if self.outstanding or self.destination.pending():
             return False
         c = self.store.meta.counters
-        if c.scheduled or c.publishing or c.attempts_publishing:
+        if c.scheduled or c.publishing or c.attempts_publishing or c.dead_letters_pending:
             return False
         with self.store.read() as view:
             if view.first_timeline_key() is not None:

@@ -8,7 +8,9 @@ no migration path: guessing would corrupt it. `REBUILD_HINTS` says, for such a v
 to get a current store instead.
 
 Versions: 1 the first; 2 adds the `usage` table (per-tenant live messages and bytes) and the
-`timer_index` sub-database (a queue's live timers by timer key).
+`timer_index` sub-database (a queue's live timers by timer key); 3 adds the `dead_letters`
+table (dead-letter copies owed, which hold their payload in place of the DEAD_LETTERED
+message) and the message's dead-letter evidence.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kernel.config import KernelConfig
 from storage.codec import decode_struct
 from storage.errors import StoreError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 HEADER_KEY = b"store_header"
 SHARD_META_KEY = b"shard_meta"
 LOG_INFO_KEY = b"log_info"
@@ -36,6 +38,11 @@ REBUILD_HINTS: dict[int, str] = {
     1: "it lacks the tenant usage table and the timer index, which only a fold of its log "
     "builds: export the log with the Nereus build that wrote the store (`nereus export`) "
     "and import the file into a new directory with this one (`nereus import`)",
+    2: "it lacks the dead-letter table (the dead-letter copies its dead-lettered timers owe, "
+    "which only a fold of its log builds): export the log with the Nereus build that wrote "
+    "the store (`nereus export`) and import the file into a new directory with this one "
+    "(`nereus import`); every dead-lettered generation's copy is then owed and is written "
+    "again unless the destination already holds it under its attempt id",
 }
 
 

@@ -29,7 +29,7 @@ from storage.schema import LogInfo
 from storage.store import ShardStore
 
 SNAPSHOT_FORMAT = "nereus-snapshot"
-SNAPSHOT_VERSION = 2  # 2: snapshots hold the usage table (store schema 2)
+SNAPSHOT_VERSION = 3  # 2: the usage table (store schema 2); 3: the dead-letter table (3)
 
 
 class SnapshotHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -14,7 +14,7 @@ of 2 ms, starts the runtime thread and prints `ready`. Then:
 The local destination's `before_send` hook runs inside every send, before the write. It opens
 its own read transaction on the shard store and checks that every attempt being sent is
 durably PUBLISHING there, for the message generation and descriptor being sent. A dead-letter
-copy is checked against a DEAD_LETTERED message instead. Any violation is written to a marker
+copy is checked against the copy the shard state owes instead. Any violation is written to a marker
 file `DIR/violation-*.json` (fsynced) for the test to find; the hook never raises, so the
 runtime keeps running and the test sees everything.
 """
@@ -34,7 +34,7 @@ from adapters.clock import SystemClock
 from adapters.embedded import Nereus, schedule_record
 from adapters.local_destination import LocalDestination
 from kernel.effects import EntryOutcome
-from kernel.keys import str_key
+from kernel.keys import dead_letter_key, str_key
 from kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from kernel.records import Cancel
 from runtime.destination import Send
@@ -94,8 +94,10 @@ def send_problem(view: StoreView, send: Send) -> dict[str, Any] | None:
     if not isinstance(message, Message):
         return {**where, "problem": "no message row"}
     if p.topic.endswith(".dlq"):
-        if message.status is not Status.DEAD_LETTERED:
-            return {**where, "problem": f"dead letter of a {message.status} message"}
+        # A copy is written only while the shard state owes it (its generation was
+        # dead-lettered, perhaps since superseded, and the copy is not recorded yet).
+        if view.get(Table.DEAD_LETTERS, dead_letter_key(p.message_id, p.generation)) is None:
+            return {**where, "problem": f"dead letter not owed ({message.status} message)"}
         return None
     attempt = view.get(Table.ATTEMPTS, str_key(send.attempt_id))
     if not isinstance(attempt, Attempt):

@@ -386,6 +386,21 @@ class DoShard:
     state: ShardStatus
 
 
+CopyVariant = Literal["owed", "current", "later_generation"]
+
+
+@dataclass(frozen=True)
+class DoCopyWritten:
+    """The runtime's report that a dead-letter copy is written: `owed` names the `pick`-th
+    copy still owed (any identity's, a superseded generation's too), else an identity's
+    current generation (a copy already recorded: a duplicate of an at-least-once write; or
+    never owed), or a generation not made yet. Persisted in any shard state."""
+
+    at: At
+    pick: int
+    variant: CopyVariant = "owed"
+
+
 @dataclass(frozen=True)
 class DoBadPosition:
     """A misplaced entry (duplicate or gap) carrying a FROZEN shard change: it must be
@@ -400,7 +415,7 @@ class DoBadPosition:
 Targeted = DoReschedule | DoCancel | DoClaim | DoAdmit | DoClaimResult | DoExpire
 Action = (
     DoSchedule | DoRetry | DoReschedule | DoCancel | DoClaim | DoAdmit | DoOutcome
-    | DoClaimResult | DoExpire | DoGate | DoShard | DoBadPosition
+    | DoClaimResult | DoExpire | DoGate | DoShard | DoBadPosition | DoCopyWritten
 )  # fmt: skip
 
 # Action strategies ------------------------------------------------------------------------
@@ -561,6 +576,15 @@ actions: st.SearchStrategy[Action] = mix(
     ),
     (st.builds(DoShard, ats, shard_statuses), 1),
     (st.builds(DoBadPosition, ats, st.sampled_from((-1, 1, 2))), 1),
+    (
+        st.builds(
+            DoCopyWritten,
+            ats,
+            st.integers(0, 20),
+            weighted(("owed", 6), ("current", 3), ("later_generation", 1)),
+        ),
+        3,
+    ),
 )
 
 
@@ -587,7 +611,7 @@ opening_schedules = st.lists(
 
 def _focus(action: Action, spread: int) -> Action:
     """The same action with its identities folded into the first `spread` ones."""
-    if isinstance(action, DoGate | DoShard | DoBadPosition | DoOutcome):
+    if isinstance(action, DoGate | DoShard | DoBadPosition | DoOutcome | DoCopyWritten):
         return action
     if isinstance(action, DoClaim):
         return replace(action, ident=action.ident % spread)
@@ -821,6 +845,8 @@ class Driver:
                 return k.ShardState(state)
             case DoBadPosition():
                 return k.ShardState("FROZEN", reason="misplaced")
+            case DoCopyWritten():
+                return self._copy_written(action, bp_ms)
             case DoClaim():
                 raise AssertionError("claims log nothing")
 
@@ -956,6 +982,21 @@ class Driver:
         assert attempt is not None
         generation = attempt.generation + (1 if a.variant == "wrong_generation" else 0)
         return k.PublishOutcome(attempt_id, attempt.message_id, generation, result)
+
+    def _copy_written(self, a: DoCopyWritten, bp_ms: int) -> k.DeadLetterWritten:
+        evidence = k.Evidence("default.dlq", 0, self.state.meta.position + 1, bp_ms)
+        owed = [v for _, v in self.state.items(k.Table.DEAD_LETTERS)]
+        if a.variant == "owed" and owed:
+            pending = owed[a.pick % len(owed)]
+            assert isinstance(pending, k.DeadLetterPending)
+            return k.DeadLetterWritten(pending.message_id, pending.generation, evidence)
+        present = [i for i in range(len(IDENTITIES)) if self.message(i) is not None]
+        ident = present[a.pick % len(present)] if present else a.pick % len(IDENTITIES)
+        message = self.message(ident)
+        generation = message.generation if message else 1
+        if a.variant == "later_generation":
+            generation += 1
+        return k.DeadLetterWritten(MESSAGE_IDS[ident], generation, evidence)
 
     def _attempt_open(self, attempt_id: str) -> bool:
         attempt = self.state.attempt(attempt_id.encode())

@@ -89,6 +89,7 @@ APPLIED = frozenset(
         Code.ADMITTED,
         Code.OUTCOME_RECORDED,
         Code.CLAIM_RESULT_RECORDED,
+        Code.DEAD_LETTER_RECORDED,
         Code.EXPIRED,
         Code.RETRY_WINDOW_CLOSED,
         Code.GATE_CHANGED,
@@ -199,6 +200,35 @@ def uncertain(s: Shard, record: k.Schedule | None = None) -> str:
     return aid
 
 
+def dlq_evidence(offset: int = 0) -> k.Evidence:
+    return k.Evidence(f"{QUEUE}.dlq", 0, offset, T0_MS)
+
+
+def copy_written(*, generation: int | None = None, offset: int = 0) -> Build:
+    """DEAD_LETTER_WRITTEN_V1 for k1's current generation (or `generation`)."""
+
+    def make(s: Shard) -> k.Record:
+        m = current(s)
+        return k.DeadLetterWritten(m.message_id, generation or m.generation, dlq_evidence(offset))
+
+    return make
+
+
+def dead_lettered(*then: k.Record | Build, last: Build) -> Build:
+    """k1 scheduled and dead-lettered by a pre-send error (the row needs ONE_ATTEMPT); then
+    each of `then` applied (a Build is called for its record first), then `last` built."""
+
+    def build(s: Shard) -> k.Record:
+        scheduled(s, schedule(delay_ms=0))
+        ok(s.apply(claim(current(s))))
+        assert current(s).status is k.Status.DEAD_LETTERED
+        for step in then:
+            ok(s.apply(step if isinstance(step, msgspec.Struct) else step(s)))
+        return last(s)
+
+    return build
+
+
 def given(*records: k.Record, then: Build) -> Build:
     """Apply `records` (each must be applied), then build the row's entry."""
 
@@ -239,6 +269,18 @@ def on_admitted(make: Callable[[Shard, str], k.Record], record: k.Schedule | Non
 
 def on_uncertain(make: Callable[[Shard, str], k.Record], record: k.Schedule | None = None) -> Build:
     return on_results((unknown(),), make, record)
+
+
+def on_uncertain_then(*records: k.Record | Build, last: Build) -> Build:
+    """k1 UNCERTAIN (its attempt UNKNOWN), then each of `records` applied, then `last`."""
+
+    def build(s: Shard) -> k.Record:
+        uncertain(s)
+        for step in records:
+            ok(s.apply(step if isinstance(step, msgspec.Struct) else step(s)))
+        return last(s)
+
+    return build
 
 
 def on_retry(
@@ -724,8 +766,59 @@ def dead_lettered_behind_unknown(r: Result) -> None:
     assert [e for e in r.effects if isinstance(e, DeadLetter)] == [
         DeadLetter(m.message_id, m.generation, m.attempts_spent, m.failures, m.last_error)
     ]
+    # The copy is owed from this very entry, with what it is made of, and holds the payload.
+    pending = r.after.dead_letter(k.dead_letter_key(m.message_id, m.generation))
+    assert pending == k.DeadLetterPending(
+        m.message_id, m.generation, m.attempts_spent, m.failures, m.last_error, m.txn,
+        m.payload_digest, m.payload_size, m.partition_key, m.producer_sub, m.encrypted,
+        m.deliver_at_ms, r.entry.position, r.entry.persisted_at_ms,
+    )  # fmt: skip
+    assert m.dead_letter_evidence is None
+    assert r.after.meta.counters.dead_letters_pending == 1
+    ref = r.after.payload(m.payload_digest.encode())
+    assert ref is not None and ref.count == 1
     assert unknown_ids(r.after) and unknown_ids(r.after) <= obligations(r.after)
     assert not list(r.after.items(Table.TIMELINE))
+
+
+def copy_recorded(r: Result) -> None:
+    """The owed copy is closed: its row and its payload reference go, and the message keeps
+    the copy's evidence (a change of the row: a new version)."""
+    record = r.entry.record
+    assert isinstance(record, k.DeadLetterWritten)
+    key = k.dead_letter_key(record.message_id, record.generation)
+    pending = r.before.dead_letter(key)
+    assert pending is not None and r.after.dead_letter(key) is None
+    owed = r.before.meta.counters.dead_letters_pending
+    assert r.after.meta.counters.dead_letters_pending == owed - 1
+    ref_before = r.before.payload(pending.payload_digest.encode())
+    ref_after = r.after.payload(pending.payload_digest.encode())
+    assert ref_before is not None
+    assert (ref_after.count if ref_after else 0) == ref_before.count - 1
+    assert r.outcome.evidence == record.evidence
+    before, m = r.message(r.before), r.message()
+    if record.generation == before.generation:
+        assert before.dead_letter_evidence is None
+        keep = {
+            "version": before.version + 1,
+            "updated_at_ms": r.entry.persisted_at_ms,
+            "updated_position": r.entry.position,
+            "dead_letter_evidence": record.evidence,
+        }
+        assert msgspec.structs.replace(before, **keep) == m
+    else:
+        assert m == before  # a superseded generation's copy: the message is a later one
+    assert changed_tables(r) <= {Table.MESSAGES, Table.DEAD_LETTERS, Table.PAYLOADS}
+    assert r.effects[1:] == ()
+
+
+def superseded_copy_still_owed(r: Result) -> None:
+    """A new generation does not cancel the copy the old one owes, nor its payload."""
+    superseded(r)
+    old = r.message(r.before)
+    pending = r.after.dead_letter(k.dead_letter_key(old.message_id, old.generation))
+    assert pending is not None and pending.txn == old.txn
+    assert r.message().dead_letter_evidence is None
 
 
 def window_closed(r: Result) -> None:
@@ -841,6 +934,9 @@ ROWS: tuple[Row, ...] = (
     R("new content for a dead-lettered timer, its first attempt unknown",
       on_retry(lambda s, a1, a2: S(txn="txn-2"), (2, not_published("permanent"))), C.SCHEDULED,
       superseded, config=ONE_ATTEMPT),
+    R("new content for a dead-lettered timer whose copy is still owed",
+      dead_lettered(last=lambda s: S(txn="txn-2")), C.SCHEDULED, superseded_copy_still_owed,
+      config=ONE_ATTEMPT),
     R("schedule with a new txn", on_scheduled(lambda s, m: S(txn="txn-2")), C.RESCHEDULED,
       superseded),
     R("reschedule", on_scheduled(lambda s, m: reschedule()), C.RESCHEDULED, superseded),
@@ -973,6 +1069,20 @@ ROWS: tuple[Row, ...] = (
     R("pre-send error on an armed uncertain timer spends the budget",
       on_uncertain(lambda s, a: claim(current(s))), C.CLAIM_RESULT_RECORDED,
       dead_lettered_behind_unknown, config=ONE_ATTEMPT),
+    R("the dead-lettered timer's copy", dead_lettered(last=copy_written()),
+      C.DEAD_LETTER_RECORDED, copy_recorded, config=ONE_ATTEMPT),
+    R("the copy, on a frozen shard", dead_lettered(FROZEN, last=copy_written()),
+      C.DEAD_LETTER_RECORDED, copy_recorded, config=ONE_ATTEMPT),
+    R("the copy of a timer dead-lettered behind an unknown attempt",
+      on_uncertain_then(lambda s: claim(current(s)), last=copy_written()),
+      C.DEAD_LETTER_RECORDED, copy_recorded, config=ONE_ATTEMPT),
+    R("the copy of a generation superseded before its copy was written",
+      dead_lettered(S(txn="txn-2"), last=copy_written(generation=1)), C.DEAD_LETTER_RECORDED,
+      copy_recorded, config=ONE_ATTEMPT),
+    R("the copy of a generation superseded and dead-lettered again",
+      dead_lettered(S(txn="txn-2", delay_ms=0), lambda s: claim(current(s)),
+                    last=copy_written(generation=1)),
+      C.DEAD_LETTER_RECORDED, copy_recorded, config=ONE_ATTEMPT),
     R("proof at expireAt", expire_at(EXPIRE_MS, EXPIRE_MS), C.EXPIRED, status(k.Status.EXPIRED)),
     R("proof at expireAt with the retry armed",
       expire_at(EXPIRE_MS, EXPIRE_MS, setup=lambda s: uncertain(s, SHORT)),
@@ -1234,6 +1344,25 @@ ROWS: tuple[Row, ...] = (
       on_retry(lambda s, a1, a2: s.outcome(a1, not_published()), (2, published(2)),
                schedule(txn="txn-2")),
       C.OUTCOME_ABSENCE_NOT_EVIDENCE),
+    # Rejected: dead-letter copies.
+    R("the copy recorded twice", dead_lettered(copy_written(), last=copy_written(offset=1)),
+      C.DEAD_LETTER_NOT_PENDING, config=ONE_ATTEMPT),
+    R("a copy of a delivered timer", on_results((published(),), lambda s, a: copy_written()(s)),
+      C.DEAD_LETTER_NOT_PENDING),
+    R("a copy of a pending timer", on_scheduled(lambda s, m: copy_written()(s)),
+      C.DEAD_LETTER_NOT_PENDING),
+    R("a copy of a timer never scheduled",
+      lambda s: k.DeadLetterWritten(mid(), 1, dlq_evidence()), C.DEAD_LETTER_NOT_PENDING),
+    R("a copy of a generation not yet made", dead_lettered(last=copy_written(generation=2)),
+      C.DEAD_LETTER_NOT_PENDING, config=ONE_ATTEMPT),
+    R("a copy of a superseded generation never dead-lettered",
+      given(S(), S(txn="txn-2"), then=copy_written(generation=1)), C.DEAD_LETTER_NOT_PENDING),
+    R("a copy of a superseded generation already recorded",
+      dead_lettered(copy_written(), S(txn="txn-2"), last=copy_written(generation=1, offset=1)),
+      C.DEAD_LETTER_NOT_PENDING, config=ONE_ATTEMPT),
+    R("a copy recorded on a frozen shard, recorded twice",
+      dead_lettered(FROZEN, copy_written(), last=copy_written(offset=1)),
+      C.DEAD_LETTER_NOT_PENDING, config=ONE_ATTEMPT),
     # Rejected: claim results and expiry.
     R("stale version", on_scheduled(lambda s, m: claim(m, version_delta=-1)),
       C.CLAIM_RESULT_STALE),

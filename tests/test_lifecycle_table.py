@@ -91,6 +91,7 @@ OP_CONDITIONS: dict[str, tuple[str, ...]] = {
     "outcome_lane_unavailable": ("alone", "behind_unknown"),
     "outcome_permanent": ("budget_left", "budget_left_behind_unknown", "budget_spent"),
     "outcome_unknown": (),
+    "dead_letter_written": ("pending",),
 }
 
 
@@ -102,6 +103,14 @@ def _result_tag(result: Result) -> str:
 
 def _ok(outcome: k.EntryOutcome) -> None:
     assert outcome.applied, outcome
+
+
+def _copy_written(shard: Shard, *, old: bool = False) -> k.DeadLetterWritten:
+    """The runtime's report that the dead-letter copy of k1's current (or left) generation
+    is written."""
+    m = shard.message()
+    generation = (m.generation - (1 if old else 0)) if m else 1
+    return k.DeadLetterWritten(mid(), generation, k.Evidence(f"{QUEUE}.dlq", 0, 0, shard.now_ms))
 
 
 def _claim(shard: Shard) -> k.ClaimResult:
@@ -130,6 +139,7 @@ class Scene:
     max_attempts: int | None = None  # the budget the script needs exactly, if any
     max_uncertain_retries: int = DEFAULT.max_uncertain_retries
     superseded: bool = False  # the attempts belong to a generation the message has left
+    old_copy_owed: bool = False  # superseded only: the left generation still owes its copy
 
     def config(self, max_attempts: int | None = None) -> k.KernelConfig:
         return k.KernelConfig(
@@ -145,6 +155,10 @@ class Scene:
 
     def has_work(self) -> bool:
         return self.status == S or self.armed
+
+    def copy_owed(self) -> bool:
+        """A DEAD_LETTERED generation whose dead-letter copy is not recorded yet."""
+        return self.status == X and "copy written" not in self.script
 
     def published(self) -> bool:
         """A dead-lettered generation one of whose attempts was later proven published."""
@@ -180,7 +194,7 @@ SCENES: tuple[Scene, ...] = (
     Scene(
         "new generation after dead-lettering behind an unknown attempt",
         S,
-        (*UNKNOWN_THEN_RETRY, "permanent A2", "supersede"),
+        (*UNKNOWN_THEN_RETRY, "permanent A2", "copy written", "supersede"),
         (("A1", UNK), ("A2", NOT)),
         max_attempts=1,
         superseded=True,
@@ -261,6 +275,22 @@ SCENES: tuple[Scene, ...] = (
     ),
     Scene("dead-lettered by a claim result", X, ("schedule", "claim"), spent=1, max_attempts=1),
     Scene(
+        "dead-lettered, its copy written",
+        X,
+        ("schedule", "claim", "copy written"),
+        spent=1,
+        max_attempts=1,
+    ),
+    Scene(
+        "new generation while the dead-letter copy is owed",
+        S,
+        ("schedule", "admit A1", "permanent A1", "supersede"),
+        (("A1", NOT),),
+        max_attempts=1,
+        superseded=True,
+        old_copy_owed=True,
+    ),
+    Scene(
         "dead-lettered behind an unknown attempt",
         X,
         (*UNKNOWN_THEN_RETRY, "permanent A2"),
@@ -313,6 +343,8 @@ def build(shard: Shard, scene: Scene, *, via_reschedule: bool = False) -> Built:
                 _ok(shard.apply(expiry_proof(shard)))
             case "cancel":
                 _ok(shard.apply(CANCEL))
+            case "copy":
+                _ok(shard.apply(_copy_written(shard)))
             case "unknown" | "published" | "retriable" | "permanent":
                 result = {
                     "unknown": OUTCOME_RESULTS["outcome_unknown"],
@@ -340,6 +372,17 @@ def build(shard: Shard, scene: Scene, *, via_reschedule: bool = False) -> Built:
         assert attempt is not None and attempt.status == status, (scene.name, label)
         assert (attempt.generation < m.generation) is scene.superseded, scene.name
     assert m.open_attempts == len(scene.open_attempts()), scene.name
+    owed = {
+        d.generation
+        for _, d in shard.state.items(Table.DEAD_LETTERS)
+        if isinstance(d, k.DeadLetterPending)
+    }
+    expected = {m.generation} if scene.copy_owed() else set()
+    if scene.old_copy_owed:
+        left = shard.state.attempt(built.attempts[scene.attempts[0][0]].encode())
+        assert left is not None
+        expected.add(left.generation)
+    assert owed == expected, scene.name
     return built
 
 
@@ -353,6 +396,7 @@ class Situation:
     condition: str
     subject: str | None = None  # the labelled attempt an outcome is for
     max_attempts: int | None = None  # the budget that makes a budget condition
+    old: bool = False  # dead_letter_written: a copy of the generation the message left
 
 
 def _budget(scene: Scene, condition: str) -> tuple[bool, int | None]:
@@ -397,6 +441,13 @@ def _conditions(scene: Scene, op: str, subject: str | None) -> list[str]:
 
 def situations(scene: Scene) -> Iterator[Situation]:
     for op in OP_CONDITIONS:
+        if op == "dead_letter_written":
+            # A copy of the current generation, and of the one a superseded scene left.
+            yield Situation(op, scene.status, "pending" if scene.copy_owed() else ANY)
+            if scene.superseded:
+                owed = "pending" if scene.old_copy_owed else ANY
+                yield Situation(op, OLD_GENERATION, owed, old=True)
+            continue
         subjects: list[str | None] = [None]
         where = scene.status
         if op in OUTCOME_RESULTS:
@@ -444,6 +495,8 @@ def _case_id(row: Rule, case: Case | None) -> str:
         extra.append(sit.subject)
     if sit.condition != row.condition:
         extra.append(sit.condition)
+    if sit.old:
+        extra.append("old_generation")
     return f"{base}[{'/'.join(extra)}]"
 
 
@@ -489,6 +542,8 @@ def op_record(shard: Shard, built: Built, sit: Situation) -> k.Record:
             if m is None:
                 return k.Expire(mid(), 1, 1, interval_at(shard.now_ms))
             return expiry_proof(shard)  # valid evidence: only the status can decide
+        case "dead_letter_written":
+            return _copy_written(shard, old=sit.old)
         case op if op in OUTCOME_RESULTS and sit.subject is not None:
             return shard.outcome(built.attempts[sit.subject], OUTCOME_RESULTS[op])
     raise AssertionError(f"cannot drive {sit}")
@@ -561,6 +616,9 @@ def test_lifecycle_row(row: Rule, case: Case | None) -> None:
         return
     if row.op in OUTCOME_RESULTS and row.to_status == SAME:
         _assert_ledger_only(row, before, after, effects)
+    if row.code is k.Code.DEAD_LETTER_RECORDED:
+        assert isinstance(record, k.DeadLetterWritten)
+        _assert_copy_recorded(row, before_state, shard.state, record)
     if row.code is k.Code.ADMITTED:
         _assert_admitted(before, after, sends[0])
     failed = row.op in OUTCOME_RESULTS and row.to_status not in (SAME, D)
@@ -604,6 +662,25 @@ def _assert_ledger_only(
         same |= {"evidence": None, "delivered_attempt_id": None}
     assert msgspec.structs.replace(after, **same) == before
     assert effects[1:] == ()
+
+
+def _assert_copy_recorded(
+    row: Rule, before: k.State, after: k.State, record: k.DeadLetterWritten
+) -> None:
+    """The owed copy is closed (row and payload reference gone); the message keeps the
+    copy's evidence, unless it has moved on to a later generation, which is not touched."""
+    key = k.dead_letter_key(record.message_id, record.generation)
+    assert before.dead_letter(key) is not None and after.dead_letter(key) is None
+    was, now = before.message(mid().encode()), after.message(mid().encode())
+    assert was is not None and now is not None
+    if row.from_status == OLD_GENERATION:
+        assert now == was
+    else:
+        assert now.dead_letter_evidence == record.evidence and now.version == was.version + 1
+        assert msgspec.structs.replace(
+            now, version=was.version, updated_at_ms=was.updated_at_ms,
+            updated_position=was.updated_position, dead_letter_evidence=None,
+        ) == was  # fmt: skip
 
 
 def _assert_admitted(before: k.Message, after: k.Message, send: k.Publish) -> None:
@@ -714,7 +791,8 @@ def test_rows_use_only_known_ops_statuses_and_conditions() -> None:
     for row in LIFECYCLE:
         assert row.op in OP_CONDITIONS, row
         assert row.from_status in STATUSES or (
-            row.from_status == OLD_GENERATION and row.op in OUTCOME_RESULTS
+            row.from_status == OLD_GENERATION
+            and (row.op in OUTCOME_RESULTS or row.op == "dead_letter_written")
         ), row
         assert row.condition in (ANY, *OP_CONDITIONS[row.op]), row
         assert row.to_status == SAME or row.to_status in STATUSES[1:], row

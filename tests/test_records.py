@@ -74,6 +74,10 @@ SAMPLES: tuple[tuple[str, k.Record], ...] = (
     ("LANE_GATE_V1", GATE),
     ("SHARD_STATE_V1", k.ShardState("FROZEN", "restore")),
     ("SHARD_STATE_V1", k.ShardState("ACTIVE_FOR_COMMANDS")),
+    (
+        "DEAD_LETTER_WRITTEN_V1",
+        k.DeadLetterWritten(mid(), 3, k.Evidence("q.dlq", 2, 17, T0_MS + 9)),
+    ),
 )
 
 

@@ -54,6 +54,10 @@ class Timer:
     open: set[str] = field(default_factory=set)  # this generation's open attempts
     last_attempt: str | None = None
     delivered_by: str | None = None  # the first attempt of the generation proven PUBLISHED
+    # Generations (this one or superseded ones) whose dead-letter copy is owed, and where
+    # this generation's copy was written.
+    copies_owed: set[int] = field(default_factory=set)
+    copy_evidence: k.Evidence | None = None
 
     def too_late_names(self) -> str | None:
         return self.delivered_by or self.last_attempt
@@ -125,6 +129,8 @@ class Model:
             has_work=True,
             destination=destination or (old.destination if old else "default"),
             request=(kind, record),
+            # A superseding schedule does not cancel a copy the old generation owes.
+            copies_owed=set(old.copies_owed) if old else set(),
         )
 
     def after_failure(self, t: Timer, op: str, *, spends: bool) -> None:
@@ -135,6 +141,7 @@ class Model:
             t.status = U
         elif t.attempts_spent >= CONFIG.max_attempts:
             t.status = X
+            t.copies_owed.add(t.generation)
         else:
             t.status = U if t.open else S
         retry_ms = max(self.now_ms + backoff_ms(t.failures), t.deliver_at_ms)
@@ -560,6 +567,35 @@ class KernelAgainstModel(RuleBasedStateMachine):
             t.version, t.has_work = t.version + 1, False
             t.status = E if t.status is S else t.status
 
+    @rule(
+        pick=idents,
+        generation_delta=st.sampled_from((0, 0, 0, -1, 1)),
+        owed_first=mostly,
+    )
+    def copy_written(self, pick: int, generation_delta: int, owed_first: bool) -> None:
+        """The runtime reports a dead-letter copy written: usually one that is owed, else
+        any generation near an identity's current one (a duplicate, or never owed)."""
+        m = self.model
+        owed = [(i, g) for i, t in sorted(m.timers.items()) for g in sorted(t.copies_owed)]
+        if owed_first and owed:
+            ident, generation = owed[pick % len(owed)]
+        else:
+            ident = pick % self.spread
+            t = m.timers.get(ident)
+            generation = max((t.generation if t else 1) + generation_delta, 1)
+        t = m.timers.get(ident)
+        evidence = k.Evidence("default.dlq", 0, self.state.meta.position + 1, m.now_ms)
+        record = k.DeadLetterWritten(MESSAGE_IDS[ident], generation, evidence)
+        if t is None or generation not in t.copies_owed:
+            self.apply(record, k.Code.DEAD_LETTER_NOT_PENDING)
+            return
+        self.apply(record, k.Code.DEAD_LETTER_RECORDED)
+        t.copies_owed.discard(generation)
+        if generation == t.generation:
+            assert t.status is X
+            t.version += 1
+            t.copy_evidence = evidence
+
     @rule(lane=st.integers(0, len(LANES) - 1), closed=st.sampled_from((False, False, True)))
     def gate(self, lane: int, closed: bool) -> None:
         self.apply(k.LaneGate(*LANES[lane], "CLOSED" if closed else "OPEN"), k.Code.GATE_CHANGED)
@@ -620,6 +656,22 @@ class KernelAgainstModel(RuleBasedStateMachine):
             assert message.uncertain_retries == t.uncertain_retries
             assert message.open_attempts == len(t.open)
             assert message.last_attempt_id == t.last_attempt
+            assert message.dead_letter_evidence == t.copy_evidence
+
+    @invariant()
+    def the_owed_dead_letter_copies_match_the_model(self) -> None:
+        rows = {
+            key: value
+            for key, value in self.state.items(k.Table.DEAD_LETTERS)
+            if isinstance(value, k.DeadLetterPending)
+        }
+        expected = {
+            k.dead_letter_key(MESSAGE_IDS[ident], generation)
+            for ident, t in self.model.timers.items()
+            for generation in t.copies_owed
+        }
+        assert set(rows) == expected
+        assert self.state.meta.counters.dead_letters_pending == len(expected)
 
     @invariant()
     def the_attempt_ledger_matches_the_model(self) -> None:

@@ -82,10 +82,13 @@ EXTREME_TIMES_MS = (
 
 def _scenario_rows() -> Rows:
     """Real rows of every table, made by the kernel: a delivered, an uncertain, a publishing,
-    a canceled and a scheduled timer, a closed lane and shared payload references."""
-    shard = Shard()
-    for key in ("k1", "k2", "k3", "k4", "k5"):
+    a canceled, a dead-lettered (its copy owed) and a scheduled timer, a closed lane and
+    shared payload references."""
+    shard = Shard(config=k.KernelConfig(max_attempts=1))
+    for key in ("k1", "k2", "k3", "k4", "k5", "k6"):
         shard.apply(schedule(key, digest=OTHER_DIGEST if key == "k5" else DIGEST))
+    dead = shard.admit("k6")
+    shard.apply(shard.outcome(dead, not_published("permanent", "record_too_large")))
     shard.apply(k.Cancel("acme", "reminders", "k4"))
     delivered = shard.admit("k1")
     shard.apply(shard.outcome(delivered, published()))

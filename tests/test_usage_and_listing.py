@@ -377,14 +377,15 @@ def test_a_damaged_timer_index_is_refused_at_open(tmp_path: Path) -> None:
         ShardStore.open(str(tmp_path / "shard"), config=strategies.CONFIG)
 
 
-def test_a_version_1_store_is_refused_with_how_to_rebuild_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_store_is_refused_with_how_to_rebuild_it(tmp_path: Path, version: int) -> None:
     store, _ = snapshot_of_a_history(tmp_path / "shard")
     with store:
-        header = msgspec.structs.replace(store.header, schema_version=1)
+        header = msgspec.structs.replace(store.header, schema_version=version)
         with store.env.env.begin(write=True) as txn:
             txn.put(HEADER_KEY, encode_value(header), db=store.env.meta)
     with pytest.raises(
-        StoreError, match=r"version 1 has no migration path to 2: .*`nereus import`"
+        StoreError, match=rf"version {version} has no migration path to 3: .*`nereus import`"
     ):
         ShardStore.open(str(tmp_path / "shard"))
 
