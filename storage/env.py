@@ -17,6 +17,7 @@ from kernel.model import TABLES, Table
 from storage.errors import StoreError
 from storage.lmdbcheck import check_data_file
 from storage.preflight import check_structure as walk_structure
+from storage.schema import HEADER_KEY, check_schema
 
 LOG_DB = b"log"  # position (8 bytes BE) -> framed LogEntry
 PAYLOAD_BYTES_DB = b"payload_bytes"  # digest -> framed PayloadBlob
@@ -50,7 +51,10 @@ class Env:
 def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) -> None:
     """Look, without writing, at what the environment's main database holds: only our
     sub-database names may be there. Anything else is another program's data; and with
-    create=False an environment without our meta database is not a store to open."""
+    create=False an environment without our meta database is not a store to open. An
+    existing store missing some of our sub-databases was written by an older layout: its
+    header's version decides the refusal, before anything is created in it (creating them
+    would make the store unreadable to the older build that can export it)."""
     with env.begin() as txn, txn.cursor() as cursor:
         present = set(cursor.iternext(values=False))
     foreign = sorted(present - ours)
@@ -59,6 +63,14 @@ def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) ->
         raise StoreError(data_file, f"another program's LMDB environment (it holds {shown})")
     if not create and META_DB not in present:
         raise StoreError(data_file, "no Nereus store here")
+    missing = sorted(ours - present)
+    if META_DB in present and missing:
+        with env.begin() as txn:
+            raw = txn.get(HEADER_KEY, db=env.open_db(META_DB, txn=txn, create=False))
+        if raw is not None:
+            check_schema(raw, data_file)  # an older version is refused here, with its path
+        shown = ", ".join(k.decode() for k in missing)
+        raise StoreError(data_file, f"incomplete store: sub-databases missing ({shown})")
 
 
 def open_env(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import msgspec
 import pytest
 from hypothesis import given
@@ -377,17 +378,30 @@ def test_a_damaged_timer_index_is_refused_at_open(tmp_path: Path) -> None:
         ShardStore.open(str(tmp_path / "shard"), config=strategies.CONFIG)
 
 
+# The sub-databases each older layout lacked (version 1: no index; 2: no dead letters).
+LATER_DBS = {1: [b"usage", b"timer_index", b"dead_letters"], 2: [b"dead_letters"]}
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_an_older_store_is_refused_with_how_to_rebuild_it(tmp_path: Path, version: int) -> None:
     store, _ = snapshot_of_a_history(tmp_path / "shard")
     with store:
         header = msgspec.structs.replace(store.header, schema_version=version)
-        with store.env.env.begin(write=True) as txn:
+        env = store.env.env
+        with env.begin(write=True) as txn:
             txn.put(HEADER_KEY, encode_value(header), db=store.env.meta)
+            for name in LATER_DBS[version]:
+                txn.drop(env.open_db(name, txn=txn), delete=True)
     with pytest.raises(
         StoreError, match=rf"version {version} has no migration path to 3: .*`nereus import`"
     ):
         ShardStore.open(str(tmp_path / "shard"))
+    # The refusal wrote nothing: the older build that can export the store still reads it.
+    raw = lmdb.open(str(tmp_path / "shard"), max_dbs=32, readonly=True)
+    with raw.begin() as txn:
+        present = set(txn.cursor().iternext(values=False))
+    raw.close()
+    assert not present & set(LATER_DBS[version])
 
 
 # Paging while other keys come and go -----------------------------------------------------------
