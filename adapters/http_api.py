@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -264,6 +264,21 @@ def _identity_problem(tenant: str, queue: str, timer_key: str, kernel: KernelCon
     return f"timerKey must be 1..{limit} bytes without NUL"
 
 
+T = TypeVar("T")
+
+
+def _json_field(body: bytes, name: str, kind: type[T], code: str, shape: str) -> T:
+    """The one field of a JSON object body that must hold exactly `{name: <kind>}`."""
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ApiError("malformed_json", str(exc)) from exc
+    if not isinstance(doc, dict) or set(doc) != {name} or not isinstance(doc[name], kind):
+        raise ApiError(code, f"expected {shape}")
+    value: T = doc[name]
+    return value
+
+
 def parse_batch(
     body: bytes,
     *,
@@ -273,17 +288,7 @@ def parse_batch(
     queue_keys: Mapping[str, str] | None = None,
 ) -> list[Checked]:
     """The whole batch, validated, or ApiError: nothing of a bad batch is appended."""
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise ApiError("malformed_json", str(exc)) from exc
-    if (
-        not isinstance(doc, dict)
-        or set(doc) != {"operations"}
-        or not isinstance(doc["operations"], list)
-    ):
-        raise ApiError("invalid_batch", 'expected {"operations": [...]}')
-    raw_ops = doc["operations"]
+    raw_ops = _json_field(body, "operations", list, "invalid_batch", '{"operations": [...]}')
     if not 1 <= len(raw_ops) <= MAX_OPERATIONS:
         raise ApiError("invalid_batch", f"1 to {MAX_OPERATIONS} operations per call")
     keys = queue_keys or {}
@@ -776,23 +781,14 @@ class TimerApi:
         )
 
     def _block(self, who: Principal, body: bytes) -> Response:
-        try:
-            doc = msgspec.json.decode(body)
-        except msgspec.DecodeError as exc:
-            raise ApiError("malformed_json", str(exc)) from exc
-        if (
-            not isinstance(doc, dict)
-            or set(doc) != {"blocked"}
-            or not isinstance(doc["blocked"], bool)
-        ):
-            raise ApiError("invalid_body", 'expected {"blocked": true|false}')
-        self.blocks.set(who.tenant, doc["blocked"])
-        self.log.info("tenant_block", tenant=who.tenant, blocked=doc["blocked"], by=who.subject)
+        blocked = _json_field(body, "blocked", bool, "invalid_body", '{"blocked": true|false}')
+        self.blocks.set(who.tenant, blocked)
+        self.log.info("tenant_block", tenant=who.tenant, blocked=blocked, by=who.subject)
         return self._json(
             200,
             {
                 "tenant": who.tenant,
-                "adminBlocked": doc["blocked"],
+                "adminBlocked": blocked,
                 "blocked": self.blocked(who.tenant),
             },
         )
