@@ -16,7 +16,10 @@ from kernel.model import TimelineWork
 from kernel.records import Evidence
 
 
-class EntryOutcome(msgspec.Struct, frozen=True):
+# `gc=False`: effects are frozen values of strings, numbers and other frozen values, so they
+# can never be part of a reference cycle (see kernel/model.py); untracked, the few made per
+# entry do not count towards triggering the cycle collector.
+class EntryOutcome(msgspec.Struct, frozen=True, gc=False):
     position: int
     record_type: str
     applied: bool
@@ -31,17 +34,17 @@ class EntryOutcome(msgspec.Struct, frozen=True):
     evidence: Evidence | None = None
 
 
-class TimelinePut(msgspec.Struct, frozen=True):
+class TimelinePut(msgspec.Struct, frozen=True, gc=False):
     key: bytes
     action_at_ms: int
     work: TimelineWork
 
 
-class TimelineRemove(msgspec.Struct, frozen=True):
+class TimelineRemove(msgspec.Struct, frozen=True, gc=False):
     key: bytes
 
 
-class Publish(msgspec.Struct, frozen=True):
+class Publish(msgspec.Struct, frozen=True, gc=False):
     """Send this admitted attempt. Only valid after the entry's batch is durable."""
 
     position: int
@@ -58,7 +61,7 @@ class Publish(msgspec.Struct, frozen=True):
     visible_at_ms: int
 
 
-class RevokeClaim(msgspec.Struct, frozen=True):
+class RevokeClaim(msgspec.Struct, frozen=True, gc=False):
     """Drop a local claim. With `claim_id`, only that claim (a stale Admission must not
     revoke the winning claim that is sending); without, every claim on the generation."""
 
@@ -68,7 +71,7 @@ class RevokeClaim(msgspec.Struct, frozen=True):
     claim_id: str | None = None
 
 
-class DeadLetter(msgspec.Struct, frozen=True):
+class DeadLetter(msgspec.Struct, frozen=True, gc=False):
     """Copy the message to its destination's dead-letter queue. Its attempt history is the
     ATTEMPTS key range `attempt_prefix(message_id, generation)`."""
 

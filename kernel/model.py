@@ -58,7 +58,13 @@ class AttemptStatus(StrEnum):
 OPEN_ATTEMPT_STATUSES = frozenset({AttemptStatus.PUBLISHING, AttemptStatus.UNKNOWN})
 
 
-class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# Every value type below is declared `gc=False`: frozen, holding only strings, numbers, enum
+# members, tuples and other frozen values, an instance can never be part of a reference
+# cycle, so the cycle collector has nothing to find in it. A fold or an in-memory store
+# holds millions of these rows; tracked, each full collection walked every one of them (a
+# third of the apply time at 1M live timers, bench/kernel_apply.py). Equality, hashing and
+# encoding are unaffected.
+class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     message_id: str
     tenant: str
     queue: str
@@ -98,7 +104,7 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dead_letter_evidence: Evidence | None = None
 
 
-class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     attempt_id: str
     message_id: str
     generation: int
@@ -116,7 +122,7 @@ class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     evidence: Evidence | None = None
 
 
-class Obligation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Obligation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """An open producer obligation: the attempt may exist at the destination."""
 
     message_id: str
@@ -126,7 +132,7 @@ class Obligation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admitted_at_ms: int
 
 
-class TimelineWork(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TimelineWork(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     kind: Literal["deliver", "retry"]
     tenant: str
     queue: str
@@ -138,19 +144,19 @@ class TimelineWork(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     payload_size: int
 
 
-class Lane(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Lane(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     tenant: str
     queue: str
     gate: Literal["OPEN", "CLOSED"]
     changed_position: int
 
 
-class PayloadRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class PayloadRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     count: int
     size: int
 
 
-class TenantUsage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TenantUsage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """What a tenant holds in this shard, for quotas: its live messages (SCHEDULED,
     PUBLISHING, UNCERTAIN) and the sum of their payload sizes. The row is deleted when both
     reach zero, so every stored row has `live > 0`."""
@@ -159,7 +165,7 @@ class TenantUsage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bytes: int
 
 
-class DeadLetterPending(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class DeadLetterPending(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """A dead-letter copy owed, put in the step that dead-letters a generation and deleted
     when DEAD_LETTER_WRITTEN_V1 records the copy. It restates what the copy is made of as it
     stood then (content, attempt budget, last error), so a later generation of the same timer
@@ -183,7 +189,7 @@ class DeadLetterPending(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     dead_lettered_at_ms: int
 
 
-class Counters(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Counters(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """Aggregates the ledger and the message table imply; invariants recompute them."""
 
     scheduled: int = 0
@@ -200,7 +206,7 @@ class Counters(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dead_letters_pending: int = 0
 
 
-class ShardMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class ShardMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     position: int = 0  # the applied shard log position; 0 = nothing applied
     last_persisted_at_ms: int = 0
     shard_status: ShardStatus = "ACTIVE_FOR_COMMANDS"

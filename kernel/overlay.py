@@ -2,29 +2,37 @@
 
 Theory of operation: a fold extends one state at a time, so a general persistent map (a HAMT
 such as pyrsistent's, measured at ~3 us per set) pays for branching that almost never
-happens. Here every write is appended, with a sequence number, to a version list shared by
+happens. Here every write is recorded, with a sequence number, in a version chain shared by
 all overlays of one lineage; an `Overlay` value is just (shared store, its sequence number),
 and reads take the newest version not newer than that number. Old overlays therefore keep
 seeing exactly what they saw. Writing to an overlay that is not the newest of its lineage
 (a branch) first copies the versions it can see into a new store, so branches never see each
 other's writes. From the outside this is an immutable map; inside, the common case is a dict
-append.
+store.
+
+A key's versions are a chain of `(seq, value, older)` tuples, newest first: one tuple per
+write and nothing else (a list of pairs cost a list per key and a pair per write), and the
+newest version, the one nearly every read wants, is the head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Hashable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+# (seq, value, older version or None); `Any` because mypy has no recursive tuple aliases
+# over a type variable.
+_Version = tuple[int, Any, Any]
 
 
 class _Store(Generic[K, V]):
     __slots__ = ("head", "versions")
 
     def __init__(self) -> None:
-        self.versions: dict[K, list[tuple[int, V]]] = {}
+        self.versions: dict[K, _Version] = {}
         self.head = 0  # sequence number of the newest write
 
 
@@ -37,15 +45,13 @@ class Overlay(Generic[K, V]):
         self._keys = keys
 
     def get(self, key: K, default: V | None = None) -> V | None:
-        versions = self._store.versions.get(key)
-        if not versions:
-            return default
-        seq, value = versions[-1]
-        if seq <= self._seq:
-            return value
-        for seq, value in reversed(versions):
-            if seq <= self._seq:
+        version = self._store.versions.get(key)
+        seq = self._seq
+        while version is not None:
+            if version[0] <= seq:  # at once, unless this is an older overlay
+                value: V = version[1]
                 return value
+            version = version[2]
         return default
 
     def set(self, key: K, value: V) -> Overlay[K, V]:
@@ -53,31 +59,55 @@ class Overlay(Generic[K, V]):
         if store.head != self._seq:
             store = self._fork()
         store.head += 1
-        versions = store.versions.get(key)
-        new_key = versions is None
-        if versions is None:
-            store.versions[key] = [(store.head, value)]
-        else:
-            versions.append((store.head, value))
-        return Overlay(store, store.head, self._keys + (1 if new_key else 0))
+        older = store.versions.get(key)
+        store.versions[key] = (store.head, value, older)
+        return Overlay(store, store.head, self._keys + (1 if older is None else 0))
+
+    def set_many(self, changes: Mapping[K, V]) -> Overlay[K, V]:
+        """All of `changes` as ONE new version (in their iteration order), the same map
+        `set` called once per item would give. A reducer step writes three or four rows and
+        no state between them is ever observable, so one sequence number and one Overlay
+        object per step is enough, where `set` pays for both per row."""
+        store = self._store
+        if store.head != self._seq:
+            store = self._fork()
+        seq = store.head + 1
+        store.head = seq
+        versions = store.versions
+        added = 0
+        for key, value in changes.items():
+            older = versions.get(key)
+            if older is None:
+                added += 1
+            versions[key] = (seq, value, older)
+        return Overlay(store, seq, self._keys + added)
+
+    def _visible(self, version: _Version | None) -> _Version | None:
+        seq = self._seq
+        while version is not None and version[0] > seq:
+            version = version[2]
+        return version
 
     def _fork(self) -> _Store[K, V]:
         """A private copy of what this overlay sees, for a write on an old branch."""
         fresh: _Store[K, V] = _Store()
         for key, versions in self._store.versions.items():
-            visible = [v for v in versions if v[0] <= self._seq]
-            if visible:
-                fresh.versions[key] = visible[-1:]
+            visible = self._visible(versions)
+            if visible is not None:
+                fresh.versions[key] = (visible[0], visible[1], None)
         fresh.head = self._seq
         return fresh
 
     def items(self) -> Iterator[tuple[K, V]]:
-        for key in list(self._store.versions):
-            versions = self._store.versions[key]
-            for seq, value in reversed(versions):
-                if seq <= self._seq:
-                    yield key, value
-                    break
+        seq = self._seq
+        for key, newest in list(self._store.versions.items()):
+            # `_visible`, inlined: storage walks every row of a batch through here.
+            version = newest
+            while version is not None and version[0] > seq:
+                version = version[2]
+            if version is not None:
+                value: V = version[1]
+                yield key, value
 
     def __len__(self) -> int:
         """Distinct keys written in this overlay's lineage up to it."""

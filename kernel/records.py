@@ -224,7 +224,12 @@ class LogEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def record_type(record: Record) -> str:
     """The versioned wire tag of a record, e.g. "SCHEDULE_V1"."""
-    tag = type(record).__struct_config__.tag
+    return record_type_of(type(record))
+
+
+def record_type_of(cls: type[Record]) -> str:
+    """The versioned wire tag of a record class."""
+    tag = cls.__struct_config__.tag
     assert isinstance(tag, str)
     return tag
 
