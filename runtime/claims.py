@@ -3,8 +3,9 @@
 Theory of operation: a claim reserves one due generation for this worker: it holds permits
 (a worker slot, a lane slot, payload bytes), records which (generation, version) it saw, and
 carries the immutable prepared publish built from the payload. Claims are persisted in the
-shard store's `claims` table in the same transaction as the Admission they lead to, with a
-claim sequence that never repeats (attempt ids are built from it), so a restarted process
+shard store's `claims` table no later than the transaction of the Admission they lead to (a
+claim made ahead of its action time may be written by an earlier commit), with a claim
+sequence that never repeats (attempt ids are built from it), so a restarted process
 knows which claims died with its predecessor. Nothing here is a fact of the log: a claim may
 be dropped at any time, and the log's verdict on the Admission decides what happened.
 """

@@ -24,6 +24,17 @@ class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tenant_quantum: int = 64
     lane_quantum: int = 32
     claim_deadline_ms: int = 30_000
+    # Due work is claimed, and its publish prepared, up to this long before its action time
+    # (at most `max_claims_ahead` claims at once), so that when the trusted clock proves the
+    # action time only the Admission is left to commit. The Admission and the send still
+    # wait for that proof. 0: claim only work already due.
+    claim_ahead_ms: int = 50
+    max_claims_ahead: int = 256
+    # Admissions go first: a tick with Admissions to commit leaves queued commands to the
+    # next tick (which follows at once), and a tick does not start committing commands when
+    # claimed work comes due within the time such a tick has been taking, up to this long.
+    # 0: commands and Admissions share every tick.
+    command_hold_max_ms: int = 10
     # The loop sleeps until the next due time, but never longer than this, and wakes at
     # once when a command arrives.
     idle_sleep_max_ms: int = 50

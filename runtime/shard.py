@@ -20,7 +20,14 @@ at-least-once: a write whose fate was unknown and that the lookup misses is writ
 and both copies carry the same attempt id.
 
 Due discovery walks the per-lane timeline index in two-level deficit-round-robin order
-(`runtime.drr`), so a lane with a large backlog cannot starve the others.
+(`runtime.drr`), so a lane with a large backlog cannot starve the others. When nothing due is
+left waiting, rows due within `claim_ahead_ms` are claimed (and their publish prepared)
+ahead; their Admission is proposed by the first tick whose trusted clock reading proves the
+action time, exactly as for work found due, and the send still waits for that proof too.
+Admissions go first: a tick with fresh Admissions leaves queued commands to the very next
+tick, and the loop holds commands briefly when claimed work is about to come due, so the
+Admission commit and the send are not queued behind the fold of a batch of commands. The
+loop sleeps until the next such moment and watches the clock for the last millisecond.
 
 The "append + fold" step goes through a `runtime.shardlog.ShardLog`: the embedded LMDB log
 by default, or a Kafka partition (`adapters.kafka_log`), where the tick's records are folded
@@ -45,6 +52,7 @@ from kernel.effects import (
     EntryOutcome,
     Publish,
     RevokeClaim,
+    TimelinePut,
 )
 from kernel.keys import (
     attempt_prefix,
@@ -85,6 +93,7 @@ from runtime.config import RuntimeConfig
 from runtime.destination import (
     DLQ_SUFFIX,
     Destination,
+    PreparedPublish,
     Send,
     SendResult,
     dead_letter_attempt_id,
@@ -170,6 +179,27 @@ class _Tick:
     # Per lane, the last timeline key examined this tick: a second visit continues there.
     lane_cursor: dict[tuple[str, str], bytes] = field(default_factory=dict)
     lane_scanned: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Lanes whose due work discovery went through to the first row not yet due.
+    lane_future: set[tuple[str, str]] = field(default_factory=set)
+    admissions: int = 0  # Admissions proposed this tick
+    oldest_action_ms: int | None = None  # the earliest action time among them
+    discovered: bool = False  # due discovery ran
+    # The earliest trusted-clock reading (interval.earliest_ms) at which discovery has
+    # something new to do: claim a row ahead, or take a row that becomes due.
+    next_ms: int | None = None
+    sent: bool = False  # something was handed to the destination
+    # Lanes to claim ahead on (`_discover_ahead`), in order.
+    ahead_lanes: list[tuple[str, str]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def admitted(self, action_at_ms: int) -> None:
+        self.admissions += 1
+        if self.oldest_action_ms is None or action_at_ms < self.oldest_action_ms:
+            self.oldest_action_ms = action_at_ms
+
+    def note_next(self, at_ms: int) -> None:
+        if self.next_ms is None or at_ms < self.next_ms:
+            self.next_ms = at_ms
 
 
 class ShardRuntime:
@@ -214,6 +244,18 @@ class ShardRuntime:
         self._last_backlog_ms = 0
         self._reconcile_after: bytes | None = None
         self._admitted_claims: set[str] = set()
+        # Claims made ahead of their action time, by message id: their Admission is
+        # proposed by the first tick whose clock reading proves the action time.
+        self._ahead: dict[str, Claim] = {}
+        # The last tick left commands queued for Admissions: the next one takes them.
+        self._owe_commands = False
+        # How long ticks that commit commands take (ms, moving average).
+        self._command_tick_ms = 0.0
+        self._holding_since: float | None = None  # time.monotonic() when holding began
+        # The earliest action time of timeline rows written by the last commit.
+        self._put_action_ms: int | None = None
+        # The trusted-clock reading the loop waits for (set by tick, used by run).
+        self._wake_at_ms: int | None = None
         self._tick_lock = threading.Lock()
         self.halted: BaseException | None = None
         self.lost: ShardLost | None = None
@@ -266,8 +308,26 @@ class ShardRuntime:
                 self._halt(exc)
                 return
             if sleep_s > 0:
-                self.shard_log.wait(sleep_s, self._wake)
+                self._sleep(sleep_s)
             self._wake.clear()
+
+    def _sleep(self, sleep_s: float) -> None:
+        """Sleep up to `sleep_s`; when the next round waits for a clock reading, sleep to
+        just before it and then watch the clock, so the round starts as soon as the trusted
+        clock proves it (the tick estimates the wait in whole milliseconds)."""
+        target = self._wake_at_ms
+        if target is None or sleep_s > 0.02:
+            self.shard_log.wait(sleep_s, self._wake)
+            return
+        self.shard_log.wait(max(sleep_s - 0.0015, 0.0), self._wake)
+        deadline = time.monotonic() + 0.003
+        while (
+            not self._wake.is_set()
+            and not self._stop.is_set()
+            and self.clock.interval().earliest_ms < target
+            and time.monotonic() < deadline
+        ):
+            self._wake.wait(0.0002)
 
     def _halt(self, exc: BaseException) -> None:
         self.halted = exc
@@ -298,6 +358,7 @@ class ShardRuntime:
         self._pending_sends = []
         self._deferred = []
         self._dead_letters = {}
+        self._ahead = {}
 
     def tick(self) -> float:
         """One round: gather, commit once, act on effects, send. Returns how long the
@@ -316,25 +377,58 @@ class ShardRuntime:
                 raise
 
     def _tick(self, tick: _Tick) -> float:
+        """Admissions go first (config `command_hold_max_ms`): queued commands wait one
+        tick when this one has Admissions to commit, so the Admission commit, and the sends
+        after it, are not held up by the fold of the commands; the next tick takes them."""
         log = self.shard_log
-        self._take_commands(tick)
+        self._put_action_ms = None
         self._expire_claims(tick)
         if self._recovered and not log.settled() and log.pending():
             # A log that folds records after writing them (Kafka): fold what came back
             # first, so this tick's discovery already sees this owner's last proposals.
             self._commit(_Tick(interval=tick.interval, now_ms=tick.now_ms))
+        recovered: list[Appendable] = []
         if not self._recovered and log.caught_up():
-            tick.items.extend(self._recover())
+            recovered = self._recover()
             self._recovered = True
+        settled = self._recovered and log.settled()
+        proposals: list[Appendable] = []
+        if settled and self.store.meta.shard_status == "ACTIVE_FOR_COMMANDS":
+            proposals = self._discover(tick)
+            if tick.admissions == 0:
+                # Not in a tick with Admissions: the claims would be written by its commit.
+                self._discover_ahead(tick)
+            elif tick.ahead_lanes:
+                tick.note_next(tick.interval.earliest_ms)  # claim ahead in the next tick
+        hold_max_ms = self.config.command_hold_max_ms
+        prioritise = hold_max_ms > 0 and not self._owe_commands
+        # Work already later than the hold would make it gains nothing from going first,
+        # and a second commit per round costs a loop that is falling behind its capacity.
+        fresh = (
+            tick.oldest_action_ms is not None
+            and tick.interval.earliest_ms - tick.oldest_action_ms <= hold_max_ms
+        )
+        admissions_first = prioritise and fresh and bool(self._intake)
+        holding = prioritise and not admissions_first and self._hold_commands(tick)
+        self._owe_commands = admissions_first
+        with_commands = not (admissions_first or holding)
+        if with_commands:
+            self._take_commands(tick)
+        took_commands = bool(tick.waiters)
+        if took_commands:
+            self._holding_since = None
+        tick.items.extend(recovered)
         tick.items.extend(self._collect_results(tick))
         tick.items.extend(self._deferred)
         self._deferred = []
-        settled = self._recovered and log.settled()
-        if settled and tick.now_ms - self._last_reconcile_ms >= self.config.reconcile_interval_ms:
+        if (
+            with_commands
+            and settled
+            and tick.now_ms - self._last_reconcile_ms >= self.config.reconcile_interval_ms
+        ):
             self._last_reconcile_ms = tick.now_ms
             tick.items.extend(self._reconcile())
-        if settled and self.store.meta.shard_status == "ACTIVE_FOR_COMMANDS":
-            tick.items.extend(self._discover(tick))
+        tick.items.extend(proposals)
         # Sends waiting for proof that this owner still owns the shard need a write.
         waiting = bool(self._pending_sends) or self._dead_letters_due(tick.now_ms)
         needs_proof = waiting and not log.send_allowed()
@@ -343,7 +437,32 @@ class ShardRuntime:
         self._send_ready(tick)
         self._write_dead_letters(tick)
         self._update_gauges(tick)
-        return self._next_sleep_s(tick)
+        if took_commands:
+            took_ms = (time.monotonic() - tick.started) * 1000
+            self._command_tick_ms = 0.8 * self._command_tick_ms + 0.2 * took_ms
+        return self._next_sleep_s(tick, holding)
+
+    def _hold_commands(self, tick: _Tick) -> bool:
+        """Whether to leave queued commands for a moment: work claimed ahead comes due
+        before a tick committing them would be done. Only the runtime's own loop holds
+        commands (a caller driving `tick()` gets them committed by every tick that has no
+        Admissions), and never for longer than `command_hold_max_ms` of its time."""
+        if not self._intake or not self._ahead or threading.current_thread() is not self._thread:
+            self._holding_since = None
+            return False
+        window_ms = min(self._command_tick_ms + 1.0, float(self.config.command_hold_max_ms))
+        due_ms = min(claim.action_at_ms for claim in self._ahead.values())
+        if due_ms - self._earliest_now(tick) > window_ms:
+            self._holding_since = None
+            return False
+        if self._holding_since is None:
+            self._holding_since = tick.started
+        return (tick.started - self._holding_since) * 1000 < self.config.command_hold_max_ms
+
+    def _earliest_now(self, tick: _Tick) -> float:
+        """The tick's reading of the trusted clock's earliest end, moved on by the time the
+        tick has taken so far (an estimate for sleeping, never a time decision)."""
+        return tick.interval.earliest_ms + (time.monotonic() - tick.started) * 1000
 
     def _expire_claims(self, tick: _Tick) -> None:
         """A claim whose Admission has not come back by its deadline is revoked: its work
@@ -420,6 +539,9 @@ class ShardRuntime:
 
     def _act(self, effect: Effect, tick: _Tick) -> None:
         match effect:
+            case TimelinePut() as put:
+                if self._put_action_ms is None or put.action_at_ms < self._put_action_ms:
+                    self._put_action_ms = put.action_at_ms
             case Publish() as publish:
                 if not self._issued_here(publish.claim_id):
                     # Another owner's Admission, folded while catching up on the log: its
@@ -482,6 +604,7 @@ class ShardRuntime:
             return  # kept waiting until the log proves this owner still owns the shard
         self._pending_sends = waiting
         if ready:
+            tick.sent = True
             self.destination.submit(ready, self.clock.now_ms())
 
     def _collect_results(self, tick: _Tick) -> list[Appendable]:
@@ -498,21 +621,153 @@ class ShardRuntime:
     # Due discovery and claims -------------------------------------------------------------
 
     def _discover(self, tick: _Tick) -> list[Appendable]:
+        """Proposals for due work: the Admissions of work claimed ahead whose action time
+        the clock now proves, then due rows in deficit-round-robin order. When no due work
+        is left waiting, notes the lanes on which `_discover_ahead` may claim rows due
+        within `claim_ahead_ms`."""
         proposals: list[Appendable] = []
-        if tick.interval.earliest_ms <= -(2**61):
+        earliest = tick.interval.earliest_ms
+        if earliest <= -(2**61):
             return proposals  # no trusted time: nothing is due, nothing expires
+        tick.discovered = True
+        ahead_ms = self.config.claim_ahead_ms
         with self.store.read() as view:
-            lanes = [
-                (tenant, queue)
-                for tenant, queue, head in view.lanes()
-                if parse_timeline_key(head)[0] <= tick.interval.earliest_ms
-            ]
-            self.drr.sync(lanes)
-            self.drr.run(
-                self.config.max_admissions_per_tick,
-                lambda lane, n: self._take(view, lane, n, tick, proposals),
-            )
+            budget = self.config.max_admissions_per_tick - self._admit_ahead(view, tick, proposals)
+            due: list[tuple[str, str]] = []
+            soon: list[tuple[str, str]] = []
+            for tenant, queue, head in view.lanes():
+                action_at_ms = parse_timeline_key(head)[0]
+                if action_at_ms <= earliest:
+                    due.append((tenant, queue))
+                elif action_at_ms <= earliest + ahead_ms:
+                    soon.append((tenant, queue))
+                else:
+                    tick.note_next(action_at_ms - ahead_ms)
+            self.drr.sync(due)
+            served = 0
+            if budget > 0:
+                served = self.drr.run(
+                    budget, lambda lane, n: self._take(view, lane, n, tick, proposals)
+                )
+            if served >= budget:
+                tick.note_next(earliest)  # more due work may be waiting: come back at once
+            else:
+                tick.ahead_lanes = [lane for lane in due if lane in tick.lane_future] + soon
         return proposals
+
+    def _discover_ahead(self, tick: _Tick) -> None:
+        """Claim ahead on the lanes due discovery went through (see `_discover`)."""
+        if not tick.ahead_lanes:
+            return
+        with self.store.read() as view:
+            for lane in tick.ahead_lanes:
+                if not self._claim_ahead(view, lane, tick):
+                    break
+
+    def _admit_ahead(self, view: StoreView, tick: _Tick, proposals: list[Appendable]) -> int:
+        """Admissions for claims made ahead whose action time the clock now proves. A claim
+        whose work changed, closed or is no longer certainly admissible is dropped; due
+        discovery then treats its row like any other. Returns how many were proposed."""
+        earliest = tick.interval.earliest_ms
+        ready = sorted(
+            (c for c in self._ahead.values() if c.action_at_ms <= earliest),
+            key=lambda c: c.action_at_ms,
+        )
+        budget = self.config.max_admissions_per_tick
+        gates: dict[tuple[str, str], bool] = {}
+        proposed = 0
+        for claim in ready:
+            if proposed >= budget:
+                tick.note_next(earliest)
+                break
+            mid = claim.message_id
+            del self._ahead[mid]
+            if self.claims.get(mid) is not claim:
+                continue  # revoked or dropped since
+            lane = (claim.tenant, claim.queue)
+            if lane not in gates:
+                gates[lane] = self._lane_open(view, lane, tick)
+            message = view.get(Table.MESSAGES, str_key(mid))
+            if not (
+                gates[lane]
+                and isinstance(message, Message)
+                and message.status is Status.SCHEDULED
+                and message.has_work
+                and message.generation == claim.generation
+                and message.version == claim.version
+                and message.action_at_ms == claim.action_at_ms
+                and decide(tick.interval, message.action_at_ms, message.expire_at_ms)
+                is Decision.ADMIT
+            ):
+                self.claims.drop(mid, claim.claim_id)
+                continue
+            tick.proposed.add(mid)
+            proposals.append((self._admission(claim, message, tick), None))
+            tick.admitted(claim.action_at_ms)
+            proposed += 1
+        return proposed
+
+    def _lane_open(self, view: StoreView, lane: tuple[str, str], tick: _Tick) -> bool:
+        """The lane's gate is open and the lane is READY."""
+        gate = view.get(Table.LANES, str_key(lane_id(*lane)))
+        if isinstance(gate, Lane) and gate.gate == "CLOSED":
+            return False
+        return tick.now_ms >= self._lane_unready_until.get(lane, 0)
+
+    def _claim_ahead(self, view: StoreView, lane: tuple[str, str], tick: _Tick) -> bool:
+        """Claim the lane's rows that are due within `claim_ahead_ms` but not yet, after
+        what due discovery examined. Only plain SCHEDULED work is claimed ahead; anything
+        else is left for due discovery. False when no more claims may be made ahead."""
+        earliest = tick.interval.earliest_ms
+        ahead_ms = self.config.claim_ahead_ms
+        lane_open: bool | None = None
+        scanned = tick.lane_scanned.get(lane, 0)
+        for key in view.lane_keys(*lane, after=tick.lane_cursor.get(lane)):
+            action_at_ms, mid, generation = parse_timeline_key(key)
+            if action_at_ms > earliest + ahead_ms:
+                tick.note_next(action_at_ms - ahead_ms)
+                return True
+            if action_at_ms <= earliest:
+                tick.note_next(earliest)  # due after all: due discovery takes it
+                continue
+            if scanned >= self.config.lane_scan_limit:
+                tick.note_next(action_at_ms)
+                return True
+            scanned += 1
+            if mid in self.claims or mid in tick.proposed:
+                continue
+            if len(self._ahead) >= self.config.max_claims_ahead:
+                tick.note_next(action_at_ms)
+                return False
+            if lane_open is None:
+                lane_open = self._lane_open(view, lane, tick)
+            if not lane_open:
+                tick.note_next(action_at_ms)
+                return True
+            tick.note_next(action_at_ms)  # when it is due (if it is not claimed now)
+            work = view.get(Table.TIMELINE, key)
+            assert isinstance(work, TimelineWork)
+            if decide(tick.interval, action_at_ms, work.expire_at_ms) is not Decision.WAIT:
+                continue
+            message = view.get(Table.MESSAGES, str_key(mid))
+            if not (
+                isinstance(message, Message)
+                and message.status is Status.SCHEDULED
+                and message.generation == generation
+                and message.version == work.version
+                and message.action_at_ms == action_at_ms
+                and self.destination.capability == message.capability
+            ):
+                continue
+            if not self.claims.permits.available(lane, message.payload_size):
+                return True
+            prepared = prepare(
+                message, view.payload(message.payload_digest), self.destination, self.config.owner
+            )
+            if isinstance(prepared, PrepareFailure):
+                continue  # due discovery records the failure when the row is due
+            self._ahead[mid] = self._new_claim(message, prepared, tick)
+        return True
 
     def _take(
         self,
@@ -527,13 +782,21 @@ class ShardRuntime:
         open_gate = not (isinstance(gate, Lane) and gate.gate == "CLOSED")
         ready = tick.now_ms >= self._lane_unready_until.get(lane, 0)
         served = 0
+        if not (open_gate and ready):
+            tick.note_next(tick.interval.earliest_ms)  # as before: due work stays due
         for key in view.lane_keys(tenant, queue, after=tick.lane_cursor.get(lane)):
             scanned = tick.lane_scanned.get(lane, 0)
             if served >= want or scanned >= self.config.lane_scan_limit:
+                tick.note_next(tick.interval.earliest_ms)  # due work may be left
                 break
             action_at_ms, mid, generation = parse_timeline_key(key)
             if action_at_ms > tick.interval.earliest_ms:
+                tick.lane_future.add(lane)
                 break  # this and everything after it is not due yet
+            if mid in self.claims or mid in tick.proposed:
+                tick.lane_cursor[lane] = key
+                tick.lane_scanned[lane] = scanned + 1
+                continue
             work = view.get(Table.TIMELINE, key)
             assert isinstance(work, TimelineWork)
             decision = decide(tick.interval, action_at_ms, work.expire_at_ms)
@@ -541,6 +804,7 @@ class ShardRuntime:
                 message = view.get(Table.MESSAGES, str_key(mid))
                 assert isinstance(message, Message)
                 if not self.claims.permits.available(lane, message.payload_size):
+                    tick.note_next(tick.interval.earliest_ms)
                     break  # not examined: the next visit (or tick) starts here
             tick.lane_cursor[lane] = key
             tick.lane_scanned[lane] = scanned + 1
@@ -558,7 +822,13 @@ class ShardRuntime:
                 proposal = self._claim(view, message, tick)
                 tick.proposed.add(mid)
                 proposals.append((proposal, None))
+                if isinstance(proposal, PublishAdmission):
+                    tick.admitted(action_at_ms)
                 served += 1
+            else:
+                tick.note_next(tick.interval.earliest_ms)  # due and left: as before
+        else:
+            tick.lane_future.add(lane)  # no rows left in the lane
         return served
 
     def _claim(self, view: StoreView, message: Message, tick: _Tick) -> Record:
@@ -566,18 +836,12 @@ class ShardRuntime:
             evidence = self._evidence_for_open_attempts(view, message)
             if evidence is not None:
                 return evidence  # found: record it instead of risking a duplicate
-        sequence = self.claims.next_sequence()
-        # A claim namespace keeps attempt ids unique across owners that each keep their own
-        # claim sequence (a Kafka-partitioned shard moves between processes).
-        namespace = self.config.claim_namespace
-        tag = f"{namespace}-{sequence}" if namespace else str(sequence)
-        claim_id = f"{self.config.owner}:{tag}"
         if self.destination.capability != message.capability:
             return ClaimResult(
                 message.message_id,
                 message.generation,
                 message.version,
-                claim_id,
+                self._claim_id(self.claims.next_sequence()),
                 "capability_mismatch",
                 f"destination offers {self.destination.capability}",
             )
@@ -585,6 +849,7 @@ class ShardRuntime:
             message, view.payload(message.payload_digest), self.destination, self.config.owner
         )
         if isinstance(prepared, PrepareFailure):
+            claim_id = self._claim_id(self.claims.next_sequence())
             self.log.warning(
                 "claim_failed",
                 message_id=message.message_id,
@@ -599,14 +864,28 @@ class ShardRuntime:
                 prepared.error_code,
                 prepared.detail,
             )
-        attempt_id = f"{attempt_prefix(message.message_id, message.generation)}{tag}"
+        return self._admission(self._new_claim(message, prepared, tick), message, tick)
+
+    def _claim_tag(self, sequence: int) -> str:
+        # A claim namespace keeps attempt ids unique across owners that each keep their own
+        # claim sequence (a Kafka-partitioned shard moves between processes).
+        namespace = self.config.claim_namespace
+        return f"{namespace}-{sequence}" if namespace else str(sequence)
+
+    def _claim_id(self, sequence: int) -> str:
+        return f"{self.config.owner}:{self._claim_tag(sequence)}"
+
+    def _new_claim(self, message: Message, prepared: PreparedPublish, tick: _Tick) -> Claim:
+        """Claim the message's current generation (with its publish prepared)."""
+        sequence = self.claims.next_sequence()
+        tag = self._claim_tag(sequence)
         claim = Claim(
-            claim_id=claim_id,
+            claim_id=f"{self.config.owner}:{tag}",
             claim_sequence=sequence,
             message_id=message.message_id,
             generation=message.generation,
             version=message.version,
-            attempt_id=attempt_id,
+            attempt_id=f"{attempt_prefix(message.message_id, message.generation)}{tag}",
             tenant=message.tenant,
             queue=message.queue,
             owner=self.config.owner,
@@ -618,14 +897,18 @@ class ShardRuntime:
             prepared=prepared,
         )
         self.claims.add(claim)
+        return claim
+
+    def _admission(self, claim: Claim, message: Message, tick: _Tick) -> PublishAdmission:
+        """The Admission of a claim, carrying this tick's clock reading as its evidence."""
         return PublishAdmission(
             message_id=message.message_id,
             generation=message.generation,
             version=message.version,
-            attempt_id=attempt_id,
-            claim_id=claim_id,
+            attempt_id=claim.attempt_id,
+            claim_id=claim.claim_id,
             owner=self.config.owner,
-            descriptor_hash=prepared.descriptor_hash(),
+            descriptor_hash=claim.prepared.descriptor_hash(),
             capability=message.capability,
             interval=tick.interval,
             capacity=Capacity(True, lane_permits=1, bytes_reserved=claim.size_bytes),
@@ -859,9 +1142,16 @@ class ShardRuntime:
                 backlog = view.count_timeline_before(stop, BACKLOG_COUNT_LIMIT)
             m.set("nereus_due_backlog", backlog)
 
-    def _next_sleep_s(self, tick: _Tick) -> float:
-        if self._intake or self._deferred or self._pending_sends:
-            return 0.0 if not self._pending_sends else 0.001
+    def _next_sleep_s(self, tick: _Tick, holding: bool = False) -> float:
+        """How long the loop may sleep: not at all while work is queued (unless commands
+        are held for claimed work about to come due), else until the next moment the
+        trusted clock lets discovery do something new — a claim coming due, a row to claim
+        ahead, a row coming due — but never longer than `idle_sleep_max_ms`."""
+        self._wake_at_ms = None
+        if self._deferred or tick.sent or (self._intake and not holding):
+            return 0.0  # after a send, its outcome is committed by the very next tick
+        if self._pending_sends:
+            return 0.001
         if self._dead_letters_due(self.clock.now_ms()):
             return 0.001
         if self.shard_log.pending():
@@ -871,13 +1161,31 @@ class ShardRuntime:
             return max_s  # nothing to discover until the log catches up; wait() wakes early
         if tick.interval.earliest_ms <= -(2**61):
             return max_s
-        with self.store.read() as view:
-            head = view.first_timeline_key()
-        if head is None:
+        if not tick.discovered:
+            with self.store.read() as view:
+                head = view.first_timeline_key()
+            if head is None:
+                return max_s
+            wait_ms = parse_timeline_key(head)[0] - tick.interval.earliest_ms
+            return min(max(wait_ms, 0) / 1000, max_s)
+        next_ms = tick.next_ms
+        for claim in self._ahead.values():
+            if next_ms is None or claim.action_at_ms < next_ms:
+                next_ms = claim.action_at_ms
+        if self._put_action_ms is not None:
+            # Rows this tick's commit wrote, which discovery has not seen yet.
+            put_ms = self._put_action_ms - self.config.claim_ahead_ms
+            if next_ms is None or put_ms < next_ms:
+                next_ms = put_ms
+        if next_ms is None:
             return max_s
-        due_ms = parse_timeline_key(head)[0]
-        wait_ms = due_ms - tick.interval.earliest_ms
-        return min(max(wait_ms, 0) / 1000, max_s)
+        if next_ms <= tick.interval.earliest_ms:
+            return 0.0
+        self._wake_at_ms = next_ms
+        # The reading is whole milliseconds, rounded down: this may be up to 1 ms long,
+        # which is why the loop watches the clock for the last stretch (`_sleep`).
+        wait_s = (next_ms - self._earliest_now(tick)) / 1000
+        return min(max(wait_s, 0.0002), max_s)
 
 
 def _describe_metrics(m: Metrics) -> None:
