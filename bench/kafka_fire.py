@@ -13,7 +13,7 @@ a fresh LogAppendTime topic on the same broker. Three measurements:
    fire lag = the destination record's broker timestamp - deliverAt, p50/p99/max;
 3. early deliveries (must be 0).
 
-    .venv/bin/python -m bench.kafka_fire [--timers 5000] [--shards 2] [--rate 200] [--seconds 5]
+    .venv/bin/python -m bench.kafka_fire [--timers 20000] [--shards 4] [--rate 200] [--seconds 5]
 """
 
 from __future__ import annotations
@@ -243,8 +243,8 @@ def run(bootstrap: str, timers: int, shards: int, rate: int, seconds: float) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--bootstrap", default=os.environ.get("NEREUS_KAFKA_BOOTSTRAP", ""))
-    parser.add_argument("--timers", type=int, default=5000)
-    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--timers", type=int, default=20_000)
+    parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", "--json", dest="out", help="write the results as JSON here")
