@@ -174,7 +174,7 @@ class Service:
         except urllib.error.HTTPError as err:
             return Reply(err.code, {k.lower(): v for k, v in err.headers.items()}, err.read())
 
-    def post(self, *ops: dict[str, Any], token: str = "acme-all") -> list[dict[str, Any]]:
+    def post(self, *ops: dict[str, Any], token: str | None = "acme-all") -> list[dict[str, Any]]:
         reply = self.call("POST", "/api/v1/timers", {"operations": list(ops)}, token=token)
         assert reply.status == 200, (reply.status, reply.body[:300])
         results: list[dict[str, Any]] = reply.doc["results"]

@@ -16,32 +16,23 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from adapters.clock import SystemClock
-from adapters.embedded import Nereus
-from adapters.http_api import ERROR_CODES, MAX_OPERATIONS, STATUSES, HttpServer, TimerApi
+from adapters.http_api import ERROR_CODES, MAX_OPERATIONS, STATUSES
 from adapters.local_destination import LocalDestination, LocalRecord
 from kernel.keys import message_id
 from kernel.records import PublishAdmission
+from tests import http_harness
 
-QUEUE = "reminders"
-WAIT_S = 30.0  # generous: the machine is shared; only never-early is asserted
+QUEUE = http_harness.QUEUE
 
 
-@dataclass
-class Service:
-    nereus: Nereus
-    server: HttpServer
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}"
+class Service(http_harness.Service):
+    """The shared harness's service without a config: no credentials are sent."""
 
     @property
     def destination(self) -> LocalDestination:
@@ -50,14 +41,8 @@ class Service:
         return dest
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, str, bytes]:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
-        if body is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=WAIT_S) as resp:
-                return resp.status, resp.headers.get("Content-Type", ""), resp.read()
-        except urllib.error.HTTPError as err:
-            return err.code, err.headers.get("Content-Type", ""), err.read()
+        reply = self.call(method, path, raw=body, token=None)
+        return reply.status, reply.headers.get("content-type", ""), reply.body
 
     def json(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
         body = None if doc is None else json.dumps(doc).encode()
@@ -65,35 +50,14 @@ class Service:
         assert ctype.startswith("application/json"), (status, ctype, raw[:200])
         return status, json.loads(raw)
 
-    def post(self, *ops: dict[str, Any]) -> list[dict[str, Any]]:
-        status, doc = self.json("POST", "/api/v1/timers", {"operations": list(ops)})
-        assert status == 200, (doc, f"runtime halted: {self.nereus.runtime.halted!r}")
-        results: list[dict[str, Any]] = doc["results"]
-        assert len(results) == len(ops)
-        return results
-
-    def delivered(self, queue: str = QUEUE) -> list[LocalRecord]:
-        return list(self.destination.iter_all(queue))
-
-    def wait_for(self, what: str, done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not done():
-            assert self.nereus.runtime.halted is None, self.nereus.runtime.halted
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.02)
+    def post(self, *ops: dict[str, Any], token: str | None = None) -> list[dict[str, Any]]:
+        return super().post(*ops, token=token)
 
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
-    nereus = Nereus.open(str(tmp_path / "data"), clock=SystemClock(assumed_error_ms=2))
-    server = HttpServer(TimerApi(nereus), "127.0.0.1", 0)
-    nereus.start()
-    server.start()
-    try:
-        yield Service(nereus, server)
-    finally:
-        server.stop()
-        nereus.close()
+    with http_harness.start_service(tmp_path / "data") as svc:
+        yield Service(svc.nereus, svc.backend, svc.api, svc.server, svc.clock_s)
 
 
 def _b64(data: bytes) -> str:
