@@ -489,19 +489,23 @@ class ShardRuntime:
             tick.items, tick.now_ms, lambda txn: self.claims.flush(txn, env.claims)
         )
         outcomes: dict[int, EntryOutcome] = {}
+        counts: dict[tuple[str, str], int] = {}
         for entry, effects in results:
             outcome = effects[0]
             assert isinstance(outcome, EntryOutcome)
             outcomes[entry.position] = outcome
+            kind = (outcome.record_type, outcome.code)
+            counts[kind] = counts.get(kind, 0) + 1
             self._observe(entry, outcome)
             for effect in effects[1:]:
                 self._act(effect, tick)
+        for (record_type, code), count in counts.items():  # one update per kind, not entry
+            self.metrics.inc("nereus_entries_total", count, {"type": record_type, "code": code})
         for future, start in tick.waiters:
             future._set([outcomes[e.position] for e in entries[start : start + future.count]])
 
     def _observe(self, entry: LogEntry, outcome: EntryOutcome) -> None:
         m = self.metrics
-        m.inc("nereus_entries_total", labels={"type": outcome.record_type, "code": outcome.code})
         if outcome.record_type == "PUBLISH_OUTCOME_V1" and outcome.applied:
             claim = self.claims.get(outcome.message_id or "")
             if claim is not None and claim.attempt_id == outcome.attempt_id:
@@ -566,7 +570,7 @@ class ShardRuntime:
                         )
                     )
                     return
-                assert claim.prepared.descriptor_hash() == publish.descriptor_hash
+                assert claim.descriptor_hash == publish.descriptor_hash
                 self._admitted_claims.add(claim.claim_id)
                 self._pending_sends.append(_PendingSend(claim, publish))
             case RevokeClaim() as revoke:
@@ -895,6 +899,7 @@ class ShardRuntime:
             action_at_ms=message.action_at_ms,
             size_bytes=prepared.size_bytes(),
             prepared=prepared,
+            descriptor_hash=prepared.descriptor_hash(),
         )
         self.claims.add(claim)
         return claim
@@ -908,7 +913,7 @@ class ShardRuntime:
             attempt_id=claim.attempt_id,
             claim_id=claim.claim_id,
             owner=self.config.owner,
-            descriptor_hash=claim.prepared.descriptor_hash(),
+            descriptor_hash=claim.descriptor_hash,
             capability=message.capability,
             interval=tick.interval,
             capacity=Capacity(True, lane_permits=1, bytes_reserved=claim.size_bytes),

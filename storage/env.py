@@ -8,7 +8,7 @@ write transaction can change any of it atomically and one `sync` makes it durabl
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
@@ -21,7 +21,7 @@ from storage.schema import HEADER_KEY, check_schema
 
 LOG_DB = b"log"  # position (8 bytes BE) -> framed LogEntry
 PAYLOAD_BYTES_DB = b"payload_bytes"  # digest -> framed PayloadBlob
-CLAIMS_DB = b"claims"  # message id -> framed runtime claim
+CLAIMS_DB = b"claims"  # "c" + claim sequence (8 bytes BE) -> framed PersistedClaim
 META_DB = b"meta"  # header keys -> framed structs
 LANE_TIMELINE_DB = b"lane_timeline"  # tenant NUL queue NUL timeline key -> b""
 TIMER_INDEX_DB = b"timer_index"  # tenant NUL queue NUL timer key -> message id (live only)
@@ -40,9 +40,10 @@ class Env:
     lane_timeline: Any
     timer_index: Any
 
-    @property
-    def data_file(self) -> str:
-        return os.path.join(self.path, "data.mdb")
+    data_file: str = field(init=False)  # every error names it: worked out once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_file", os.path.join(self.path, "data.mdb"))
 
     def close(self) -> None:
         self.env.close()

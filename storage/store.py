@@ -301,8 +301,13 @@ class ShardStore:
             self.apply_pending()  # an old unapplied tail: fold it in bounded batches first
         env = self._env
         with env.env.begin(write=True) as txn:
+            tail = self.log_last_position > self.meta.position
             entries = self._append_in(txn, items, now_ms)
-            pending = list(self._iter_log_in(txn, self.meta.position + 1, None))
+            # Usually nothing older is unapplied: the entries just appended (decoded back
+            # from their bytes, so the fold sees what a replay will) are the whole batch.
+            pending = (
+                list(self._iter_log_in(txn, self.meta.position + 1, None)) if tail else entries
+            )
             results, meta, _ = self._apply_in(txn, pending)
             if also is not None:
                 also(txn)
@@ -321,8 +326,9 @@ class ShardStore:
                 self._store_payload(txn, record, payload, position)
             elif payload is not None:
                 raise ValueError(f"{type(record).__name__} carries no payload")
-            txn.put(position_key(position), encode_entry(entry), db=self._env.log)
-            entries.append(entry)
+            blob = encode_entry(entry)
+            txn.put(position_key(position), blob, db=self._env.log)
+            entries.append(decode_entry(blob, self._env.data_file, position))
         return entries
 
     def _appended(self, entries: Sequence[LogEntry]) -> None:

@@ -35,6 +35,7 @@ def _claim(nereus: Nereus, claim_id: str, deadline_ms: int) -> Claim:
         action_at_ms=T0_MS,
         size_bytes=1,
         prepared=prepared,
+        descriptor_hash=prepared.descriptor_hash(),
     )
 
 
