@@ -9,6 +9,8 @@ a fresh LogAppendTime topic on the same broker. Three measurements:
    send, outcome transaction). Rate = N / (last broker timestamp - T0). Beside it, in the same
    run, the raw rate: one idempotent confluent-kafka producer (acks=all) writing the same
    payloads and Nereus headers to another fresh topic of the same broker, produce + flush;
+   and the library's shape: one shard with the embedded LMDB log and `KafkaDestination`
+   (the Admission durable in LMDB before each produce) firing the same number of timers;
 2. lateness: a thread schedules timers with delay 200 ms at a steady rate R for D seconds;
    fire lag = the destination record's broker timestamp - deliverAt, p50/p99/max;
 3. early deliveries (must be 0).
@@ -34,9 +36,12 @@ from confluent_kafka.cimpl import NewTopic
 
 from adapters.clock import SystemClock
 from adapters.embedded import schedule_record
+from adapters.kafka_destination import KafkaDestination, KafkaDestinationConfig
 from adapters.kafka_service import KafkaService, KafkaServiceConfig
 from bench.common import say
 from runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_GENERATION, H_MESSAGE_ID, H_TXN
+from runtime.shard import ShardRuntime
+from storage.store import ShardStore
 
 PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
 DEST_PARTITIONS = 2
@@ -177,6 +182,43 @@ def throughput(bootstrap: str, root: str, timers: int, shards: int) -> dict[str,
     }
 
 
+def embedded_throughput(bootstrap: str, root: str, timers: int) -> dict[str, Any]:
+    """The library's shape: one shard whose log is the embedded LMDB store, publishing to a
+    Kafka topic through `KafkaDestination` (the Admission is durable in LMDB before each
+    produce). The runtime's own thread fires N timers due at T0; rate as for Kafka mode."""
+    dest = _topic(bootstrap, "bench-emb", DEST_PARTITIONS)
+    store = ShardStore.open(os.path.join(root, f"embedded-{uuid.uuid4().hex[:10]}"))
+    destination = KafkaDestination(KafkaDestinationConfig(bootstrap=bootstrap, topics={"q": dest}))
+    runtime = ShardRuntime(store, destination, SystemClock(assumed_error_ms=1.0))
+    try:
+        say(f"kafka_fire: embedded log, {timers:,} timers to Kafka")
+        t0_ms = int(time.time() * 1000) + 3000
+        batch = 2000
+        for start in range(0, timers, batch):
+            items = [
+                schedule_record("q", f"e{i}", PAYLOAD, deliver_at_ms=t0_ms, txn="tx")
+                for i in range(start, min(start + batch, timers))
+            ]
+            store.commit(items, int(time.time() * 1000))
+        if int(time.time() * 1000) >= t0_ms:
+            raise RuntimeError("intake took longer than the lead: raise the lead")
+        runtime.start()
+        records = _read(bootstrap, dest, timers, 600)
+    finally:
+        runtime.stop()
+        destination.close()
+        store.close()
+    last_ms = max(ts for ts, _ in records)
+    fire_s = (last_ms - t0_ms) / 1000
+    return {
+        "timers": timers,
+        "fire_s": round(fire_s, 3),
+        "fired_per_s": round(timers / fire_s) if fire_s > 0 else None,
+        "records_seen": len(records),
+        "early": sum(1 for ts, deliver_at in records if ts < deliver_at),
+    }
+
+
 def lateness(bootstrap: str, root: str, rate: int, seconds: float, shards: int) -> dict[str, Any]:
     say(f"kafka_fire: steady {rate}/s for {seconds:g} s")
     dest = _topic(bootstrap, "bench-lag", DEST_PARTITIONS)
@@ -236,6 +278,7 @@ def run(bootstrap: str, timers: int, shards: int, rate: int, seconds: float) -> 
         return {
             "bootstrap": bootstrap,
             "throughput": throughput(bootstrap, root, timers, shards),
+            "embedded": embedded_throughput(bootstrap, root, timers),
             "lateness": lateness(bootstrap, root, rate, seconds, shards),
         }
 

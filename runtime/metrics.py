@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from bisect import bisect_left
 from collections.abc import Sequence
 
 LabelKey = tuple[tuple[str, str], ...]
@@ -83,18 +84,29 @@ class Metrics:
         labels: dict[str, str] | None = None,
         buckets: Sequence[float] = LAG_BUCKETS_S,
     ) -> None:
+        self.observe_many(name, (value,), labels, buckets)
+
+    def observe_many(
+        self,
+        name: str,
+        values: Sequence[float],
+        labels: dict[str, str] | None = None,
+        buckets: Sequence[float] = LAG_BUCKETS_S,
+    ) -> None:
+        """Observe several values under one lock (a commit's fire lags). Each value counts
+        in the first bucket that holds it; `render` makes the buckets cumulative."""
         with self._lock:
-            self._buckets.setdefault(name, buckets)
+            bounds = self._buckets.setdefault(name, buckets)
             series = self._hist.setdefault(name, {})
             key = _labels(labels)
             counts = series.get(key)
             if counts is None:
-                counts = series[key] = [0.0] * (len(self._buckets[name]) + 2)
-            for i, bound in enumerate(self._buckets[name]):
-                if value <= bound:
-                    counts[i] += 1
-            counts[-2] += 1  # count
-            counts[-1] += value  # sum
+                # Per bucket, then the values above every bound, then count and sum.
+                counts = series[key] = [0.0] * (len(bounds) + 3)
+            for value in values:
+                counts[bisect_left(bounds, value)] += 1
+                counts[-2] += 1
+                counts[-1] += value
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         with self._lock:
@@ -112,9 +124,11 @@ class Metrics:
                 for key, value in sorted(self._values.get(name, {}).items()):
                     lines.append(f"{name}{_fmt_labels(key)} {_num(value)}")
                 for key, counts in sorted(self._hist.get(name, {}).items()):
+                    below = 0.0
                     for i, bound in enumerate(self._buckets[name]):
+                        below += counts[i]
                         le = (("le", _num(bound)),)
-                        lines.append(f"{name}_bucket{_fmt_labels(key, le)} {_num(counts[i])}")
+                        lines.append(f"{name}_bucket{_fmt_labels(key, le)} {_num(below)}")
                     inf = (("le", "+Inf"),)
                     lines.append(f"{name}_bucket{_fmt_labels(key, inf)} {_num(counts[-2])}")
                     lines.append(f"{name}_count{_fmt_labels(key)} {_num(counts[-2])}")
@@ -150,6 +164,15 @@ class ScopedMetrics(Metrics):
         buckets: Sequence[float] = LAG_BUCKETS_S,
     ) -> None:
         self._parent.observe(name, value, self._with(labels), buckets)
+
+    def observe_many(
+        self,
+        name: str,
+        values: Sequence[float],
+        labels: dict[str, str] | None = None,
+        buckets: Sequence[float] = LAG_BUCKETS_S,
+    ) -> None:
+        self._parent.observe_many(name, values, self._with(labels), buckets)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         return self._parent.value(name, self._with(labels))

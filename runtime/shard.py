@@ -257,6 +257,10 @@ class ShardRuntime:
         # The trusted-clock reading the loop waits for (set by tick, used by run).
         self._wake_at_ms: int | None = None
         self._tick_lock = threading.Lock()
+        # What the entries of one commit add to the metrics, written once per commit.
+        self._outcome_counts: dict[str, int] = {}
+        self._admission_counts: dict[str, int] = {}
+        self._fire_lags_s: list[float] = []
         self.halted: BaseException | None = None
         self.lost: ShardLost | None = None
         _describe_metrics(self.metrics)
@@ -499,8 +503,18 @@ class ShardRuntime:
             self._observe(entry, outcome)
             for effect in effects[1:]:
                 self._act(effect, tick)
+        m = self.metrics
         for (record_type, code), count in counts.items():  # one update per kind, not entry
-            self.metrics.inc("nereus_entries_total", count, {"type": record_type, "code": code})
+            m.inc("nereus_entries_total", count, {"type": record_type, "code": code})
+        for cls, count in self._outcome_counts.items():
+            m.inc("nereus_outcomes_total", count, {"class": cls})
+        self._outcome_counts.clear()
+        for result_name, count in self._admission_counts.items():
+            m.inc("nereus_admissions_total", count, {"result": result_name})
+        self._admission_counts.clear()
+        if self._fire_lags_s:
+            m.observe_many("nereus_fire_lag_seconds", self._fire_lags_s)
+            self._fire_lags_s = []
         for future, start in tick.waiters:
             future._set([outcomes[e.position] for e in entries[start : start + future.count]])
 
@@ -513,15 +527,15 @@ class ShardRuntime:
             record = entry.record
             assert isinstance(record, PublishOutcome)
             result = record.result
-            cls = type(result).__struct_config__.tag
-            m.inc("nereus_outcomes_total", labels={"class": str(cls)})
+            cls = str(type(result).__struct_config__.tag)
+            self._outcome_counts[cls] = self._outcome_counts.get(cls, 0) + 1
             if (
                 isinstance(result, Published)
                 and outcome.deliver_at_ms is not None
                 and self._recovered  # a former owner's deliveries were observed there
             ):
                 lag_ms = result.evidence.timestamp_ms - outcome.deliver_at_ms
-                m.observe("nereus_fire_lag_seconds", max(lag_ms, 0) / 1000)
+                self._fire_lags_s.append(max(lag_ms, 0) / 1000)
                 if lag_ms < 0:
                     m.inc("nereus_early_deliveries_total")
                     self.log.error("early_delivery", attempt_id=outcome.attempt_id, lag_ms=lag_ms)
@@ -531,9 +545,8 @@ class ShardRuntime:
                     until = self.clock.now_ms() + self.config.lane_unready_ms
                     self._lane_unready_until[(msg.tenant, msg.queue)] = until
         elif outcome.record_type == "PUBLISH_ADMISSION_V1":
-            m.inc(
-                "nereus_admissions_total", labels={"result": "won" if outcome.applied else "stale"}
-            )
+            result_name = "won" if outcome.applied else "stale"
+            self._admission_counts[result_name] = self._admission_counts.get(result_name, 0) + 1
         elif isinstance(entry.record, DeadLetterWritten):
             # Folded: the copy is no longer owed (or never was); stop writing it.
             record = entry.record
@@ -804,9 +817,11 @@ class ShardRuntime:
             work = view.get(Table.TIMELINE, key)
             assert isinstance(work, TimelineWork)
             decision = decide(tick.interval, action_at_ms, work.expire_at_ms)
+            message: Message | None = None
             if decision is Decision.ADMIT and open_gate and ready and mid not in self.claims:
-                message = view.get(Table.MESSAGES, str_key(mid))
-                assert isinstance(message, Message)
+                found = view.get(Table.MESSAGES, str_key(mid))
+                assert isinstance(found, Message)
+                message = found
                 if not self.claims.permits.available(lane, message.payload_size):
                     tick.note_next(tick.interval.earliest_ms)
                     break  # not examined: the next visit (or tick) starts here
@@ -819,8 +834,7 @@ class ShardRuntime:
                 proposals.append((Expire(mid, generation, work.version, tick.interval), None))
                 served += 1
             elif decision is Decision.ADMIT and open_gate and ready:
-                message = view.get(Table.MESSAGES, str_key(mid))
-                assert isinstance(message, Message)
+                assert message is not None  # read above: the same snapshot, not read twice
                 if message.generation != generation or message.version != work.version:
                     continue  # the index and the row disagree only inside a stale view
                 proposal = self._claim(view, message, tick)

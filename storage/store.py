@@ -524,7 +524,10 @@ class ShardStore:
         assert isinstance(value, Message)
         index_key = timer_index_key(value.tenant, value.queue, value.timer_key)
         if value.status in LIVE_STATUSES:
-            txn.put(index_key, key, db=env.timer_index)
+            # A live timer changing state keeps its entry: rewriting it would still copy
+            # and sync its page.
+            if txn.get(index_key, db=env.timer_index) != key:
+                txn.put(index_key, key, db=env.timer_index)
         else:
             txn.delete(index_key, db=env.timer_index)
 
