@@ -95,6 +95,8 @@ class Metrics:
     ) -> None:
         """Observe several values under one lock (a commit's fire lags). Each value counts
         in the first bucket that holds it; `render` makes the buckets cumulative."""
+        if not values:
+            return
         with self._lock:
             bounds = self._buckets.setdefault(name, buckets)
             series = self._hist.setdefault(name, {})
