@@ -158,15 +158,6 @@ class ScopedMetrics(Metrics):
     def set(self, name: str, value: float, labels: dict[str, str] | None = None) -> None:
         self._parent.set(name, value, self._with(labels))
 
-    def observe(
-        self,
-        name: str,
-        value: float,
-        labels: dict[str, str] | None = None,
-        buckets: Sequence[float] = LAG_BUCKETS_S,
-    ) -> None:
-        self._parent.observe(name, value, self._with(labels), buckets)
-
     def observe_many(
         self,
         name: str,

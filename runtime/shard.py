@@ -101,7 +101,7 @@ from runtime.destination import (
 )
 from runtime.drr import DeficitRoundRobin
 from runtime.log import Logger, NullLogger
-from runtime.metrics import Metrics
+from runtime.metrics import LabelKey, Metrics
 from runtime.prepare import PrepareFailure, dead_letter_message, prepare, prepare_dead_letter
 from runtime.shardlog import EmbeddedLog, ShardLog, ShardLost
 from storage.base import StoreView
@@ -202,6 +202,24 @@ class _Tick:
             self.next_ms = at_ms
 
 
+@dataclass
+class _Tally:
+    """What one commit's entries add to the metrics, written in one update per series."""
+
+    counts: dict[tuple[str, LabelKey], int] = field(default_factory=dict)
+    fire_lags_s: list[float] = field(default_factory=list)
+
+    def count(self, name: str, *labels: tuple[str, str]) -> None:
+        series = (name, labels)
+        self.counts[series] = self.counts.get(series, 0) + 1
+
+    def write(self, metrics: Metrics) -> None:
+        for (name, labels), count in self.counts.items():
+            metrics.inc(name, count, dict(labels))
+        if self.fire_lags_s:
+            metrics.observe_many("nereus_fire_lag_seconds", self.fire_lags_s)
+
+
 class ShardRuntime:
     def __init__(
         self,
@@ -257,10 +275,6 @@ class ShardRuntime:
         # The trusted-clock reading the loop waits for (set by tick, used by run).
         self._wake_at_ms: int | None = None
         self._tick_lock = threading.Lock()
-        # What the entries of one commit add to the metrics, written once per commit.
-        self._outcome_counts: dict[str, int] = {}
-        self._admission_counts: dict[str, int] = {}
-        self._fire_lags_s: list[float] = []
         self.halted: BaseException | None = None
         self.lost: ShardLost | None = None
         _describe_metrics(self.metrics)
@@ -493,33 +507,20 @@ class ShardRuntime:
             tick.items, tick.now_ms, lambda txn: self.claims.flush(txn, env.claims)
         )
         outcomes: dict[int, EntryOutcome] = {}
-        counts: dict[tuple[str, str], int] = {}
+        tally = _Tally()
         for entry, effects in results:
             outcome = effects[0]
             assert isinstance(outcome, EntryOutcome)
             outcomes[entry.position] = outcome
-            kind = (outcome.record_type, outcome.code)
-            counts[kind] = counts.get(kind, 0) + 1
-            self._observe(entry, outcome)
+            self._observe(entry, outcome, tally)
             for effect in effects[1:]:
                 self._act(effect, tick)
-        m = self.metrics
-        for (record_type, code), count in counts.items():  # one update per kind, not entry
-            m.inc("nereus_entries_total", count, {"type": record_type, "code": code})
-        for cls, count in self._outcome_counts.items():
-            m.inc("nereus_outcomes_total", count, {"class": cls})
-        self._outcome_counts.clear()
-        for result_name, count in self._admission_counts.items():
-            m.inc("nereus_admissions_total", count, {"result": result_name})
-        self._admission_counts.clear()
-        if self._fire_lags_s:
-            m.observe_many("nereus_fire_lag_seconds", self._fire_lags_s)
-            self._fire_lags_s = []
+        tally.write(self.metrics)
         for future, start in tick.waiters:
             future._set([outcomes[e.position] for e in entries[start : start + future.count]])
 
-    def _observe(self, entry: LogEntry, outcome: EntryOutcome) -> None:
-        m = self.metrics
+    def _observe(self, entry: LogEntry, outcome: EntryOutcome, tally: _Tally) -> None:
+        tally.count("nereus_entries_total", ("code", outcome.code), ("type", outcome.record_type))
         if outcome.record_type == "PUBLISH_OUTCOME_V1" and outcome.applied:
             claim = self.claims.get(outcome.message_id or "")
             if claim is not None and claim.attempt_id == outcome.attempt_id:
@@ -527,17 +528,16 @@ class ShardRuntime:
             record = entry.record
             assert isinstance(record, PublishOutcome)
             result = record.result
-            cls = str(type(result).__struct_config__.tag)
-            self._outcome_counts[cls] = self._outcome_counts.get(cls, 0) + 1
+            tally.count("nereus_outcomes_total", ("class", str(type(result).__struct_config__.tag)))
             if (
                 isinstance(result, Published)
                 and outcome.deliver_at_ms is not None
                 and self._recovered  # a former owner's deliveries were observed there
             ):
                 lag_ms = result.evidence.timestamp_ms - outcome.deliver_at_ms
-                self._fire_lags_s.append(max(lag_ms, 0) / 1000)
+                tally.fire_lags_s.append(max(lag_ms, 0) / 1000)
                 if lag_ms < 0:
-                    m.inc("nereus_early_deliveries_total")
+                    tally.count("nereus_early_deliveries_total")
                     self.log.error("early_delivery", attempt_id=outcome.attempt_id, lag_ms=lag_ms)
             if isinstance(result, NotPublished) and result.disposition == "lane_unavailable":
                 msg = self._message(outcome.message_id or "")
@@ -545,8 +545,9 @@ class ShardRuntime:
                     until = self.clock.now_ms() + self.config.lane_unready_ms
                     self._lane_unready_until[(msg.tenant, msg.queue)] = until
         elif outcome.record_type == "PUBLISH_ADMISSION_V1":
-            result_name = "won" if outcome.applied else "stale"
-            self._admission_counts[result_name] = self._admission_counts.get(result_name, 0) + 1
+            tally.count(
+                "nereus_admissions_total", ("result", "won" if outcome.applied else "stale")
+            )
         elif isinstance(entry.record, DeadLetterWritten):
             # Folded: the copy is no longer owed (or never was); stop writing it.
             record = entry.record

@@ -30,18 +30,20 @@ def frame(body: bytes) -> bytes:
     return zlib.crc32(body).to_bytes(4, "big") + body
 
 
-def unframe(data: bytes, path: str, where: str) -> bytes:
+def _checksum_error(data: bytes) -> str | None:
+    """What is wrong with a framed value's checksum, or None when it holds."""
     if len(data) < 4:
-        raise CorruptRecord(path, "value shorter than its checksum", where)
-    body = data[4:]
-    if zlib.crc32(body).to_bytes(4, "big") != data[:4]:
-        raise CorruptRecord(path, "checksum mismatch: the stored value is damaged", where)
-    return body
+        return "value shorter than its checksum"
+    if zlib.crc32(data[4:]).to_bytes(4, "big") != data[:4]:
+        return "checksum mismatch: the stored value is damaged"
+    return None
 
 
-def _intact(data: bytes) -> bool:
-    """The checksum holds (the hot read path names the row only when it does not)."""
-    return len(data) >= 4 and zlib.crc32(data[4:]).to_bytes(4, "big") == data[:4]
+def unframe(data: bytes, path: str, where: str) -> bytes:
+    error = _checksum_error(data)
+    if error is not None:
+        raise CorruptRecord(path, error, where)
+    return data[4:]
 
 
 def encode_value(value: Value | msgspec.Struct) -> bytes:
@@ -49,14 +51,15 @@ def encode_value(value: Value | msgspec.Struct) -> bytes:
 
 
 def decode_value(table: Table, data: bytes, path: str, key: bytes) -> Value:
-    if not _intact(data):
-        unframe(data, path, f"table {table.value}, key {key.hex()}")  # raises, naming the row
-    try:
-        value: Value = _DECODERS[table].decode(data[4:])
-    except msgspec.MsgspecError as exc:
-        where = f"table {table.value}, key {key.hex()}"
-        raise CorruptRecord(path, f"undecodable {table.value} row: {exc}", where) from exc
-    return value
+    # The row is named only when something is wrong: the hot read path pays no formatting.
+    error = _checksum_error(data)
+    if error is None:
+        try:
+            value: Value = _DECODERS[table].decode(data[4:])
+            return value
+        except msgspec.MsgspecError as exc:
+            error = f"undecodable {table.value} row: {exc}"
+    raise CorruptRecord(path, error, f"table {table.value}, key {key.hex()}")
 
 
 def encode_entry(entry: LogEntry) -> bytes:
@@ -64,17 +67,17 @@ def encode_entry(entry: LogEntry) -> bytes:
 
 
 def decode_entry(data: bytes, path: str, position: int) -> LogEntry:
-    if not _intact(data):
-        unframe(data, path, f"shard log position {position}")  # raises, naming the entry
-    try:
-        entry = _ENTRY_DECODER.decode(data[4:])
-    except msgspec.MsgspecError as exc:
-        where = f"shard log position {position}"
-        raise CorruptRecord(path, f"undecodable log entry: {exc}", where) from exc
-    if entry.position != position:
-        where = f"shard log position {position}"
-        raise CorruptRecord(path, f"entry claims position {entry.position}", where)
-    return entry
+    error = _checksum_error(data)
+    if error is None:
+        try:
+            entry = _ENTRY_DECODER.decode(data[4:])
+        except msgspec.MsgspecError as exc:
+            error = f"undecodable log entry: {exc}"
+        else:
+            if entry.position == position:
+                return entry
+            error = f"entry claims position {entry.position}"
+    raise CorruptRecord(path, error, f"shard log position {position}")
 
 
 def decode_struct(kind: type[T], data: bytes, path: str, where: str) -> T:

@@ -301,14 +301,11 @@ class ShardStore:
             self.apply_pending()  # an old unapplied tail: fold it in bounded batches first
         env = self._env
         with env.env.begin(write=True) as txn:
-            tail = self.log_last_position > self.meta.position
+            # An unapplied older tail (usually none) is read back; the entries appended now
+            # are folded as `_append_in` decoded them from their bytes, as a replay will.
+            tail = list(self._iter_log_in(txn, self.meta.position + 1, None))
             entries = self._append_in(txn, items, now_ms)
-            # Usually nothing older is unapplied: the entries just appended (decoded back
-            # from their bytes, so the fold sees what a replay will) are the whole batch.
-            pending = (
-                list(self._iter_log_in(txn, self.meta.position + 1, None)) if tail else entries
-            )
-            results, meta, _ = self._apply_in(txn, pending)
+            results, meta, _ = self._apply_in(txn, tail + entries)
             if also is not None:
                 also(txn)
         self._appended(entries)
