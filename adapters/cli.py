@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from adapters import clientcmd, demo, servecmd, storecmd
 from replay import cli as replay_cli
+from runtime import compiled
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -19,6 +20,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     servecmd.register(sub)
     clientcmd.register(sub)
     args = parser.parse_args(argv)
+    try:
+        compiled.check()
+    except compiled.StaleBuild as exc:
+        print(f"nereus: error: {exc}", file=sys.stderr)
+        return 2
     handler = args.handler
     result: int = handler(args)
     return result

@@ -34,6 +34,7 @@ from adapters.http_api import HttpServer, TimerApi
 from adapters.kafka_service import KafkaService, KafkaServiceConfig
 from adapters.local_destination import LocalDestination, LocalRecord
 from adapters.tenancy import ConfigError, Tenancy, load_tenancy
+from runtime import compiled
 from runtime.config import RuntimeConfig
 from runtime.log import Logger
 from storage.errors import StoreError
@@ -172,6 +173,7 @@ def serve(args: argparse.Namespace) -> int:
     tenancy = _tenancy(args, log)
     if tenancy is None:
         return 2
+    log.info("kernel", compiled_modules=compiled.compiled_modules())
     address = _listen_address(args, tenancy, log)
     if address is None:
         return 2

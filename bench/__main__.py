@@ -2,6 +2,13 @@
 
 import sys
 
+from runtime import compiled
+
+try:
+    compiled.check()  # figures of a stale build would describe code that is not there
+except compiled.StaleBuild as exc:
+    sys.exit(f"bench: error: {exc}")
+
 from bench.suite import main
 
 sys.exit(main())

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+from runtime import compiled
+
 PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
 T0_MS = 1_780_000_000_000
 
@@ -94,9 +96,17 @@ def machine() -> dict[str, object]:
         "cpu_model": model,
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
+        "kernel": _kernel_build(),
         "platform": platform.platform(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _kernel_build() -> str:
+    import kernel.reducer  # noqa: F401, PLC0415  (the build a bench imported, if not yet)
+
+    count = len(compiled.compiled_modules())
+    return f"{count} modules compiled (mypyc)" if count else "Python source"
 
 
 def git_revision() -> dict[str, object]:

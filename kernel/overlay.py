@@ -102,7 +102,7 @@ class Overlay(Generic[K, V]):
         seq = self._seq
         for key, newest in list(self._store.versions.items()):
             # `_visible`, inlined: storage walks every row of a batch through here.
-            version = newest
+            version: _Version | None = newest
             while version is not None and version[0] > seq:
                 version = version[2]
             if version is not None:

@@ -1,0 +1,106 @@
+"""Which modules run compiled, and a guard against stale compiled modules.
+
+Theory of operation: `setup.py` compiles the hot modules of the kernel and of storage with
+mypyc and, in an editable install, leaves each extension beside its source (`kernel/step.py`
+and `kernel/step.cpython-311-x86_64-linux-gnu.so`). Python imports the extension first, so a
+source edited after the install would silently not run. `stale()` finds every extension
+older than its source; the test suite, the benchmarks and the CLI refuse to start on one
+(`check()`), naming the file and the fix. `prefer_source()` makes both packages import from
+source in this process, for differential runs of the two builds against each other. The
+packages go together: compiled storage calls the compiled kernel directly, and its objects
+are not the source kernel's.
+
+This module must not import either package: `prefer_source()` has to run first.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("kernel", "storage")
+
+
+class StaleBuild(RuntimeError):
+    pass
+
+
+def _dirs() -> list[Path]:
+    return [ROOT / package for package in PACKAGES]
+
+
+def extensions(directories: list[Path] | None = None) -> dict[Path, Path]:
+    """Source file -> compiled extension file, for the extensions in `directories`."""
+    found: dict[Path, Path] = {}
+    for directory in directories or _dirs():
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            for path in directory.glob(f"*{suffix}"):
+                found.setdefault(directory / f"{path.name[: -len(suffix)]}.py", path)
+    return found
+
+
+def stale(directories: list[Path] | None = None) -> list[str]:
+    """Sources changed after their extension was built, as readable lines."""
+    lines = []
+    for source, ext in sorted(extensions(directories).items()):
+        if source.exists() and source.stat().st_mtime > ext.stat().st_mtime:
+            lines.append(f"{source} is newer than its compiled module {ext.name}")
+    return lines
+
+
+def check(directories: list[Path] | None = None) -> None:
+    """Raise StaleBuild when a compiled module would shadow a newer source."""
+    lines = stale(directories)
+    if lines:
+        raise StaleBuild(
+            "a compiled module is older than its source, so the source would not run:\n  "
+            + "\n  ".join(lines)
+            + "\nrebuild with `.venv/bin/pip install -e '.[dev]'` (scripts/test does), or"
+            " delete those .so files to run the kernel as plain Python"
+        )
+
+
+def compiled_modules() -> list[str]:
+    """The modules loaded in this process from compiled extensions."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if name.split(".")[0] in PACKAGES
+        and (getattr(module, "__file__", None) or "").endswith(suffixes)
+    )
+
+
+class _SourceFirst(MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        package, _, name = fullname.partition(".")
+        if package not in PACKAGES or not name:
+            return None
+        source = ROOT / package / f"{name}.py"
+        if not source.exists():
+            return None
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def prefer_source() -> None:
+    """Import the compiled packages' modules from their .py files in this process. Must run
+    before either package is first imported."""
+    if any(package in sys.modules for package in PACKAGES):
+        raise RuntimeError(f"prefer_source() must run before {PACKAGES} are imported")
+    sys.meta_path.insert(0, _SourceFirst())
+
+
+def from_environment() -> None:
+    """`NEREUS_PURE_PYTHON=1` in the environment: run the compiled packages from source."""
+    if os.environ.get("NEREUS_PURE_PYTHON") and not any(p in sys.modules for p in PACKAGES):
+        prefer_source()

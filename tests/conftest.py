@@ -1,0 +1,32 @@
+"""Suite-wide setup: which kernel build the tests run against.
+
+The tests run the compiled kernel that `pip install -e .` builds (setup.py), and refuse to
+start when a compiled module is older than its source, since the edit would not be tested.
+`NEREUS_PURE_PYTHON=1 .venv/bin/pytest` runs them against the kernel's Python source instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from runtime import compiled
+
+compiled.from_environment()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("NEREUS_PURE_PYTHON"):
+        return
+    try:
+        compiled.check()
+    except compiled.StaleBuild as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import kernel.reducer  # noqa: F401, PLC0415  (after from_environment chose the build)
+
+    names = compiled.compiled_modules()
+    return f"nereus kernel: {len(names)} modules compiled" if names else "nereus kernel: Python"
