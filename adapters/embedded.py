@@ -268,7 +268,7 @@ class Nereus(TimerCommands):
     # Commands -----------------------------------------------------------------------------
 
     def _run(self, items: Sequence[Appendable]) -> list[EntryOutcome]:
-        if self.runtime._thread is None:
+        if self.runtime._loop_thread is None:
             # Not started: commit on the caller's thread so the API works without a loop.
             future = self.runtime.submit(items)
             while not future.done():

@@ -73,9 +73,9 @@ from kernel.effects import EntryOutcome
 from kernel.model import Message, TenantUsage
 from kernel.records import Cancel, Reschedule
 from kernel.validation import check_headers, check_identity, check_txn
+from runtime.errors import Overloaded, RuntimeHalted
 from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics
-from runtime.shard import Overloaded, RuntimeHalted
 from storage.store import Appendable
 
 __all__ = [

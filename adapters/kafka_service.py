@@ -63,9 +63,10 @@ from kernel.model import Message, TenantUsage
 from runtime.clock import ClockSource
 from runtime.config import RuntimeConfig
 from runtime.destination import Destination
+from runtime.errors import Overloaded
 from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics, ScopedMetrics, drop_series
-from runtime.shard import Overloaded, ShardRuntime
+from runtime.shard import ShardRuntime
 from storage.schema import StoreOptions
 from storage.store import Appendable, ShardStore
 

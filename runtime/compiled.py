@@ -1,16 +1,16 @@
 """Which modules run compiled, and a guard against stale compiled modules.
 
-Theory of operation: `setup.py` compiles the hot modules of the kernel and of storage with
-mypyc and, in an editable install, leaves each extension beside its source (`kernel/step.py`
-and `kernel/step.cpython-311-x86_64-linux-gnu.so`). Python imports the extension first, so a
-source edited after the install would silently not run. `stale()` finds every extension
-older than its source; the test suite, the benchmarks and the CLI refuse to start on one
-(`check()`), naming the file and the fix. `prefer_source()` makes both packages import from
-source in this process, for differential runs of the two builds against each other. The
-packages go together: compiled storage calls the compiled kernel directly, and its objects
-are not the source kernel's.
+Theory of operation: `setup.py` compiles the hot modules of the kernel, storage and the
+runtime with mypyc and, in an editable install, leaves each extension beside its source
+(`kernel/step.py` and `kernel/step.cpython-311-x86_64-linux-gnu.so`). Python imports the
+extension first, so a source edited after the install would silently not run. `stale()`
+finds every extension older than its source; the test suite, the benchmarks and the CLI
+refuse to start on one (`check()`), naming the file and the fix. `prefer_source()` makes all
+of them import from source in this process, for differential runs of the two builds against
+each other. They go together: a compiled module calls the others of its build directly, and
+its objects are not the source build's.
 
-This module must not import either package: `prefer_source()` has to run first.
+This module imports none of them: `prefer_source()` has to run first.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kernel", "storage")
+PACKAGES = ("kernel", "storage", "runtime")
 
 
 class StaleBuild(RuntimeError):
@@ -43,7 +43,9 @@ def extensions(directories: list[Path] | None = None) -> dict[Path, Path]:
     for directory in directories or _dirs():
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             for path in directory.glob(f"*{suffix}"):
-                found.setdefault(directory / f"{path.name[: -len(suffix)]}.py", path)
+                source = directory / f"{path.name[: -len(suffix)]}.py"
+                if source.exists():  # "*.so" also matches "step.cpython-311-...so"
+                    found.setdefault(source, path)
     return found
 
 
@@ -51,7 +53,7 @@ def stale(directories: list[Path] | None = None) -> list[str]:
     """Sources changed after their extension was built, as readable lines."""
     lines = []
     for source, ext in sorted(extensions(directories).items()):
-        if source.exists() and source.stat().st_mtime > ext.stat().st_mtime:
+        if source.stat().st_mtime > ext.stat().st_mtime:
             lines.append(f"{source} is newer than its compiled module {ext.name}")
     return lines
 
@@ -92,15 +94,23 @@ class _SourceFirst(MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, source)
 
 
+def _imported_compiled() -> list[str]:
+    """Modules that have a compiled build and are imported already (from either build)."""
+    names = {f"{source.parent.name}.{source.stem}" for source in extensions()}
+    return sorted(names & sys.modules.keys())
+
+
 def prefer_source() -> None:
     """Import the compiled packages' modules from their .py files in this process. Must run
-    before either package is first imported."""
-    if any(package in sys.modules for package in PACKAGES):
-        raise RuntimeError(f"prefer_source() must run before {PACKAGES} are imported")
-    sys.meta_path.insert(0, _SourceFirst())
+    before any of them is first imported."""
+    early = _imported_compiled()
+    if early:
+        raise RuntimeError(f"prefer_source() must run before these are imported: {early}")
+    if not any(isinstance(finder, _SourceFirst) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFirst())
 
 
 def from_environment() -> None:
     """`NEREUS_PURE_PYTHON=1` in the environment: run the compiled packages from source."""
-    if os.environ.get("NEREUS_PURE_PYTHON") and not any(p in sys.modules for p in PACKAGES):
+    if os.environ.get("NEREUS_PURE_PYTHON"):
         prefer_source()

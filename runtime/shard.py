@@ -100,6 +100,7 @@ from runtime.destination import (
     is_dead_letter_attempt,
 )
 from runtime.drr import DeficitRoundRobin
+from runtime.errors import Overloaded, RuntimeHalted
 from runtime.log import Logger, NullLogger
 from runtime.metrics import LabelKey, Metrics
 from runtime.prepare import PrepareFailure, dead_letter_message, prepare, prepare_dead_letter
@@ -108,14 +109,6 @@ from storage.base import StoreView
 from storage.store import Appendable, ShardStore
 
 BACKLOG_COUNT_LIMIT = 1_000_000
-
-
-class RuntimeHalted(RuntimeError):
-    """The runtime stopped on an error it must not guess past; restart replays the log."""
-
-
-class Overloaded(RuntimeError):
-    """The intake queue is full; retry later."""
 
 
 class CommandFuture:
@@ -250,7 +243,7 @@ class ShardRuntime:
         self._queued = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop_thread: threading.Thread | None = None
         self._pending_sends: list[_PendingSend] = []
         self._deferred: list[Appendable] = []
         # Dead-letter copies being written, by their attempt id; the owed ones are in the
@@ -302,18 +295,18 @@ class ShardRuntime:
     # The loop -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._loop_thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name="nereus-shard", daemon=True)
-        self._thread.start()
+        self._loop_thread = threading.Thread(target=self.run, name="nereus-shard", daemon=True)
+        self._loop_thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        if self._loop_thread is not None:
+            self._loop_thread.join(timeout_s)
+            self._loop_thread = None
 
     def run(self) -> None:
         while not self._stop.is_set():
@@ -465,7 +458,11 @@ class ShardRuntime:
         before a tick committing them would be done. Only the runtime's own loop holds
         commands (a caller driving `tick()` gets them committed by every tick that has no
         Admissions), and never for longer than `command_hold_max_ms` of its time."""
-        if not self._intake or not self._ahead or threading.current_thread() is not self._thread:
+        if (
+            not self._intake
+            or not self._ahead
+            or threading.current_thread() is not self._loop_thread
+        ):
             self._holding_since = None
             return False
         window_ms = min(self._command_tick_ms + 1.0, float(self.config.command_hold_max_ms))

@@ -28,7 +28,8 @@ from kernel.model import Table
 from kernel.records import LaneGate, ShardState, encode_entry
 from kernel.timing import TimingLimits
 from runtime.config import RuntimeConfig
-from runtime.shard import CommandFuture, RuntimeHalted, ShardRuntime
+from runtime.errors import RuntimeHalted
+from runtime.shard import CommandFuture, ShardRuntime
 from sim.audit import Observed, audit
 from sim.checks import step_problems
 from sim.client import Client

@@ -50,6 +50,7 @@ def test_compiled_and_source_kernels_agree_on_simulated_histories() -> None:
     source, source_modules = _sim("source")
     assert "kernel.reducer" in built_modules
     assert "storage.store" in built_modules
+    assert "runtime.shard" in built_modules
     assert source_modules == "compiled: -"
     assert built == source
 

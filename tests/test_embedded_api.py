@@ -248,7 +248,7 @@ def test_run_async_fires_under_asyncio_and_stops_when_cancelled(tmp_path: Path) 
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             assert _shard_threads() == [], "cancelling run_async did not stop the runtime"
-            assert n.runtime._thread is None
+            assert n.runtime._loop_thread is None
             return _records(n), r
 
     records, r = asyncio.run(main())

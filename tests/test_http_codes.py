@@ -16,7 +16,7 @@ from adapters.http_contract import ERROR_CODES, ERROR_STATUS, ROUTES, STATUSES
 from adapters.openapi import build_document
 from adapters.tenancy import Tenancy
 from kernel.config import KernelConfig
-from runtime.shard import Overloaded
+from runtime.errors import Overloaded
 from tests.http_harness import QUEUE, Service, cancel, config, schedule, start_service, timer_path
 
 POST = "/api/v1/timers"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from adapters.http_contract import HINT_HEADER, HINT_VALUE, MAX_OPERATIONS
-from runtime.shard import Overloaded
+from runtime.errors import Overloaded
 from tests.http_harness import (
     QUEUE,
     Reply,

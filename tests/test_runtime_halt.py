@@ -20,7 +20,8 @@ from adapters.http_api import TimerApi
 from kernel.digest import state_digest
 from kernel.records import Schedule
 from replay.fold import replay
-from runtime.shard import CommandFuture, RuntimeHalted
+from runtime.errors import RuntimeHalted
+from runtime.shard import CommandFuture
 from storage.store import Appendable
 from tests.runtime_harness import T0_MS
 
