@@ -50,7 +50,13 @@ def extensions(directories: list[Path] | None = None) -> dict[Path, Path]:
 
 
 def stale(directories: list[Path] | None = None) -> list[str]:
-    """Sources changed after their extension was built, as readable lines."""
+    """Sources changed after their extension was built, as readable lines. By default, only
+    in a source checkout (setup.py beside the packages): an installed wheel writes its files
+    in no particular order, and nobody edits them."""
+    if directories is None:
+        if not (ROOT / "setup.py").exists():
+            return []
+        directories = _dirs()
     lines = []
     for source, ext in sorted(extensions(directories).items()):
         if source.stat().st_mtime > ext.stat().st_mtime:

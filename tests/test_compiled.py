@@ -65,3 +65,18 @@ def test_an_extension_older_than_its_source_is_refused(tmp_path: Path) -> None:
     os.utime(source, (later, later))
     with pytest.raises(compiled.StaleBuild, match=r"step\.py is newer than its compiled module"):
         compiled.check([tmp_path])
+
+
+def test_only_a_source_checkout_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed wheel's files get their mtimes in extraction order: never stale."""
+    package = tmp_path / "kernel"
+    package.mkdir()
+    (package / f"step{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    source = package / "step.py"
+    source.write_text("")
+    later = time.time() + 5
+    os.utime(source, (later, later))
+    monkeypatch.setattr(compiled, "ROOT", tmp_path)
+    assert compiled.stale() == []
+    (tmp_path / "setup.py").write_text("")
+    assert [line.split()[0] for line in compiled.stale()] == [str(source)]
