@@ -1,5 +1,8 @@
 # Shared by scripts/*: create .venv with the interpreter in $PYTHON (default python3) and
 # install the project with its dev extras. pip's cache outside the clone keeps reruns fast.
+# Installing compiles the hot modules (setup.py, ~40 s), so it is skipped when nothing that
+# goes into the install has changed since the last one: the stamp is a hash of the project
+# metadata, the build hook, the compiled packages' sources and the build choice.
 ensure_venv() {
     local py="${PYTHON:-python3}"
     if ! command -v "$py" >/dev/null 2>&1; then
@@ -9,5 +12,13 @@ ensure_venv() {
     if [ ! -x .venv/bin/python ]; then
         "$py" -m venv .venv
     fi
+    local stamp=.venv/.nereus-install want
+    want="$( (echo "pure=${NEREUS_PURE_PYTHON:-}"; cat pyproject.toml setup.py kernel/*.py storage/*.py runtime/*.py) | sha256sum | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+        && .venv/bin/python -c 'from runtime import compiled; compiled.check()' 2>/dev/null; then
+        return
+    fi
+    rm -f "$stamp"
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+    echo "$want" > "$stamp"
 }
