@@ -184,6 +184,14 @@ class ShardStore:
                     raise StoreError(
                         data_file, f"the stored state breaks the kernel's invariants: {exc}"
                     ) from exc
+                except (ValueError, TypeError, KeyError) as exc:
+                    # A key so damaged that the check cannot even read it (not UTF-8, say):
+                    # no kernel wrote that, so it is refused the same way.
+                    raise StoreError(
+                        data_file,
+                        f"the stored state cannot be checked, a key is damaged: "
+                        f"{type(exc).__name__}: {exc}",
+                    ) from exc
             store.check_indexes()
         return store
 

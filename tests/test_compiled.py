@@ -60,9 +60,10 @@ def test_an_extension_older_than_its_source_is_refused(tmp_path: Path) -> None:
     ext.write_bytes(b"")
     source = tmp_path / "step.py"
     source.write_text("")
+    now = time.time()
+    os.utime(source, (now - 5, now - 5))
     compiled.check([tmp_path])  # built after its source: fine
-    later = time.time() + 5
-    os.utime(source, (later, later))
+    os.utime(source, (now + 5, now + 5))
     with pytest.raises(compiled.StaleBuild, match=r"step\.py is newer than its compiled module"):
         compiled.check([tmp_path])
 

@@ -196,6 +196,22 @@ def test_a_flipped_byte_in_the_header_is_caught_at_open(built: Built) -> None:
     assert_names(error, built.data_file, "store header")
 
 
+def test_a_key_damaged_beyond_reading_is_refused_at_open(built: Built) -> None:
+    """Keys carry no checksum: one that is not even text (found by tests/test_fuzz_store.py)
+    must be refused naming the file, not raise from inside the invariant check."""
+    env = lmdb.open(str(built.path), max_dbs=16)
+    db = env.open_db(Table.MESSAGES.value.encode(), create=False)
+    with env.begin(write=True) as txn:
+        key = mid("k1").encode()
+        value = txn.get(key, db=db)
+        assert value is not None
+        txn.delete(key, db=db)
+        txn.put(b"\xe6" + key[1:], value, db=db)
+    env.close()
+    error = refused(built.path)
+    assert_names(error, built.data_file, "a key is damaged", "UnicodeDecodeError")
+
+
 # Headers that do not match ---------------------------------------------------------------
 
 
