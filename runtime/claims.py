@@ -70,20 +70,8 @@ class PersistedClaim(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, claim: Claim) -> PersistedClaim:
-        return cls(
-            claim.claim_id,
-            claim.claim_sequence,
-            claim.message_id,
-            claim.generation,
-            claim.version,
-            claim.attempt_id,
-            claim.owner,
-            claim.store_id,
-            claim.fencing_revision,
-            claim.deadline_ms,
-            claim.action_at_ms,
-            claim.descriptor_hash,
-        )
+        # By name: the field list above is the only place that says what is kept.
+        return cls(*[getattr(claim, name) for name in cls.__struct_fields__])
 
 
 class Permits:
