@@ -41,14 +41,9 @@ COMPILED = [
 
 
 class BuildExt(build_ext):
-    """Marks every extension it leaves as newer than its source, even one reused unchanged
-    from an earlier build, so `runtime.compiled` sees a fresh install as fresh."""
-
-    def run(self) -> None:
-        super().run()
-        for path in self.get_outputs():
-            if os.path.exists(path):
-                os.utime(path)
+    """Marks every extension an editable install copies beside its source as newer than that
+    source, even one reused unchanged from an earlier build (the copy keeps the old mtime),
+    so `runtime.compiled` sees a fresh install as fresh."""
 
     def copy_extensions_to_source(self) -> None:
         super().copy_extensions_to_source()
