@@ -110,16 +110,27 @@ def _kernel_build() -> str:
 
 
 def git_revision() -> dict[str, object]:
-    """The commit measured and whether the tree had uncommitted changes."""
+    """The commit measured and whether the tree had uncommitted changes, results of earlier
+    runs aside (they are tracked, and every run rewrites them)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=root
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)bench/results",
+            ],
             capture_output=True,
             text=True,
             check=True,
+            cwd=root,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return {}

@@ -516,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(s.out, exist_ok=True)
     started = time.monotonic()
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    # Before any bench runs: the load it starts under, and the code it measures (the run
+    # itself rewrites the tracked results).
+    info = machine()
+    revision = git_revision()
     command = [sys.executable, "-m", "bench", *(sys.argv[1:] if argv is None else argv)]
     mode = "quick" if s.quick else "default"
     say(f"suite: {mode} run of {', '.join(selected)} -> {s.out}")
@@ -583,7 +587,6 @@ def main(argv: list[str] | None = None) -> int:
 
     assert set(ORDER) == set(figs), "every figure has its place in the table"
     figures = [figs[i] for i in ORDER if figs[i].bench in selected]
-    info = machine()
     subtitle = (
         f"{date[:10]}, {info['cores']} cores, {info['cpu_model']}, "
         f"Python {info['python']}{' (quick)' if s.quick else ''}"
@@ -596,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": mode,
         "selected": selected,
         "machine": info,
-        "git": git_revision(),
+        "git": revision,
         "duration_s": duration,
         "benches": benches,
         "sizes": {

@@ -1,0 +1,68 @@
+"""The benchmark suite's quick mode, run the way CI runs it: every bench completes and
+reports every figure it declares.
+
+No speed is asserted here (figures are measured in `bench/`, not judged in timed tests). What
+is checked is that the suite still works end to end against the real broker and LMDB, so it
+cannot rot between full runs: each bench's status is "ok", each figure has a value, a unit
+and, where it is a ratio, the raw baseline measured in the same run; the table is printed;
+the plots and per-bench JSON files are written; and no fire run delivered anything early.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import kafka_env
+
+kafka_bootstrap = kafka_env.kafka_bootstrap
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_quick_suite_runs_every_bench_and_reports_every_figure(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "results"
+    env = {**os.environ, "NEREUS_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,  # the output is in the assertion's message
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    suite = json.loads((out / "suite.json").read_text())
+    assert suite["mode"] == "quick"
+    assert suite["git"].get("commit"), suite["git"]
+    statuses = {name: bench["status"] for name, bench in suite["benches"].items()}
+    assert statuses and all(s == "ok" for s in statuses.values()), statuses
+    for name, bench in suite["benches"].items():
+        assert (out / bench["file"]).is_file(), name
+
+    figures = {f["id"]: f for f in suite["figures"]}
+    assert len(figures) == len(suite["figures"]), "figure ids are unique"
+    for fig in suite["figures"]:
+        assert fig["status"] == "ok", fig
+        assert isinstance(fig["value"], int | float), fig
+        assert fig["unit"], fig
+        if fig["ratio"] is not None:
+            assert fig["baseline"], fig  # a ratio always stands beside its raw baseline
+    early = [f for f in suite["figures"] if "early" in f["title"]]
+    assert early and all(f["value"] == 0 for f in early), early
+
+    for plot in suite["plots"]:
+        assert (out / plot).stat().st_size > 0, plot
+    assert {"fire_lag.png", "apply_rate.png"} <= set(suite["plots"])
+    for fig in suite["figures"]:
+        assert fig["title"] in run.stdout, f"{fig['title']!r} missing from the printed table"
