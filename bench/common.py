@@ -96,26 +96,22 @@ def machine() -> dict[str, object]:
         "cpu_model": model,
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
-        "kernel": _kernel_build(),
+        "kernel": compiled.describe(),
         "platform": platform.platform(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
-def _kernel_build() -> str:
-    import kernel.reducer  # noqa: F401, PLC0415  (the build a bench imported, if not yet)
-
-    count = len(compiled.compiled_modules())
-    return f"{count} modules compiled (mypyc)" if count else "Python source"
-
-
 def git_revision() -> dict[str, object]:
     """The commit measured and whether the tree had uncommitted changes, results of earlier
     runs aside (they are tracked, and every run rewrites them)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=root
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=compiled.ROOT,
         ).stdout.strip()
         dirty = subprocess.run(
             [
@@ -130,7 +126,7 @@ def git_revision() -> dict[str, object]:
             capture_output=True,
             text=True,
             check=True,
-            cwd=root,
+            cwd=compiled.ROOT,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return {}

@@ -87,6 +87,15 @@ def compiled_modules() -> list[str]:
     )
 
 
+def describe() -> str:
+    """Which build of the kernel this process runs, in a few words (report headers). Imports
+    the reducer if nothing has yet, so call it after `prefer_source()` had its chance."""
+    import kernel.reducer  # noqa: F401, PLC0415  (lazily: prefer_source() runs first)
+
+    count = len(compiled_modules())
+    return f"{count} modules compiled (mypyc)" if count else "Python source"
+
+
 class _SourceFirst(MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None

@@ -26,7 +26,4 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    import kernel.reducer  # noqa: F401, PLC0415  (after from_environment chose the build)
-
-    names = compiled.compiled_modules()
-    return f"nereus kernel: {len(names)} modules compiled" if names else "nereus kernel: Python"
+    return f"nereus kernel: {compiled.describe()}"
