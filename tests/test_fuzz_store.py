@@ -21,6 +21,7 @@ from pathlib import Path
 import kernel as k
 from storage.store import ShardStore
 from tests.builders import QUEUE, T0_MS, TENANT, schedule
+from tests.lmdb_files import build_short_store
 
 CASES = int(os.environ.get("NEREUS_FUZZ_STORE_CASES", "150"))
 SEED = int(os.environ.get("NEREUS_FUZZ_STORE_SEED", str(random.SystemRandom().randrange(10**6))))
@@ -39,10 +40,7 @@ def _build(path: Path) -> None:
             pass
 
 
-def test_a_damaged_store_opens_or_is_refused_naming_the_file(tmp_path: Path) -> None:
-    base = tmp_path / "base"
-    _build(base)
-    work = tmp_path / "damaged"
+def _fuzz(base: Path, work: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -67,6 +65,21 @@ def test_a_damaged_store_opens_or_is_refused_naming_the_file(tmp_path: Path) -> 
     for x in refused:
         assert x["detail"].startswith(str(work / "data.mdb")), x
     print(
-        f"store fuzz seed={SEED}: {CASES} damaged copies, {len(refused)} refused naming the "
-        f"file, {CASES - len(refused)} opened and read in full"
+        f"store fuzz seed={SEED} ({base.name}): {CASES} damaged copies, {len(refused)} refused "
+        f"naming the file, {CASES - len(refused)} opened and read in full"
     )
+
+
+def test_a_damaged_store_opens_or_is_refused_naming_the_file(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    _build(base)
+    _fuzz(base, tmp_path / "damaged")
+
+
+def test_a_damaged_short_store_opens_or_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """The same for a store whose newest meta page counts pages past the end of its file:
+    there the pre-open check walks every reachable page (storage/lmdbcheck.py), so the
+    damage lands in what that walk reads."""
+    base = tmp_path / "short"
+    build_short_store(base)
+    _fuzz(base, tmp_path / "damaged")
