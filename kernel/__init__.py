@@ -40,6 +40,7 @@ from kernel.model import (
     TimelineWork,
 )
 from kernel.records import (
+    AbsenceProof,
     Cancel,
     Capability,
     Capacity,
@@ -75,6 +76,7 @@ from kernel.timing import (
 __all__ = [
     "APPLIED_CODES",
     "UNBOUNDED",
+    "AbsenceProof",
     "Attempt",
     "AttemptStatus",
     "Cancel",

@@ -70,6 +70,7 @@ class Code(StrEnum):
     OUTCOME_MISMATCH = "outcome_mismatch"
     OUTCOME_ALREADY_RECORDED = "outcome_already_recorded"
     OUTCOME_ABSENCE_NOT_EVIDENCE = "outcome_absence_not_evidence"
+    OUTCOME_PROOF_INVALID = "outcome_proof_invalid"
 
     # Rejected: claim results and expiry.
     CLAIM_RESULT_STALE = "claim_result_stale"
@@ -146,6 +147,8 @@ CODE_DOCS: dict[Code, str] = {
     Code.OUTCOME_MISMATCH: "The attempt exists but belongs to another message or generation.",
     Code.OUTCOME_ALREADY_RECORDED: "The attempt is already resolved (or already UNKNOWN).",
     Code.OUTCOME_ABSENCE_NOT_EVIDENCE: "An UNKNOWN attempt can be resolved only to PUBLISHED.",
+    Code.OUTCOME_PROOF_INVALID: "A proof of absence names a fence the attempt's producer was "
+    "not under (or the attempt's producer cannot be fenced).",
     Code.CLAIM_RESULT_STALE: "The claim's generation, version or status no longer matches.",
     Code.EXPIRE_STALE: "The generation, version or status no longer allows expiry.",
     Code.EXPIRE_PREMATURE: "The expiry's persistence time is before expireAt.",

@@ -120,6 +120,8 @@ class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False)
     disposition: str | None = None
     error_code: str | None = None
     evidence: Evidence | None = None
+    # The fencing identity of the producer that sends this attempt (from its Admission).
+    fence_id: str | None = None
 
 
 class Obligation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):

@@ -142,6 +142,7 @@ def admission(step: Step, r: PublishAdmission) -> None:
         owner=r.owner,
         admitted_position=step.position,
         admitted_at_ms=step.bp_ms,
+        fence_id=r.fence_id,
     )
     step.put_attempt(None, attempt)
     step.put(
@@ -202,6 +203,14 @@ def outcome(step: Step, r: PublishOutcome) -> None:
     assert message is not None, f"attempt {attempt.attempt_id} without its message"
     if arule.to_status == SAME:
         return step.rejected(arule.code, message, attempt_id=r.attempt_id)
+    if (
+        isinstance(result, NotPublished)
+        and result.proof is not None
+        and (attempt.fence_id is None or result.proof.fence_id != attempt.fence_id)
+    ):
+        # Absence found after the fact proves something only about a producer that was
+        # fenced; any other producer may still write the record.
+        return step.rejected(Code.OUTCOME_PROOF_INVALID, message, attempt_id=r.attempt_id)
 
     # One replace per result kind, with the resolution fields and the kind's own (a field
     # set twice takes its last value, as two replaces in a row would give).

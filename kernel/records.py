@@ -108,6 +108,11 @@ class PublishAdmission(_Tagged, tag="PUBLISH_ADMISSION_V1", frozen=True):
     capability: Capability
     interval: TrustedInterval
     capacity: Capacity
+    # The fencing identity of the producer that will send this attempt (Kafka: its
+    # transactional.id), or None for a producer that cannot be fenced. Whoever fences that
+    # identity and then reads the destination's committed records to their end without
+    # finding the attempt has proof that it is absent (`AbsenceProof`).
+    fence_id: str | None = None
 
 
 class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -127,10 +132,25 @@ class Published(_Result, tag="PUBLISHED", frozen=True):
     evidence: Evidence
 
 
+class AbsenceProof(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Why a record that was not found is definitely absent: every producer that could have
+    written it was fenced under `fence_id` at `fenced_at_ms` (so nothing it left open can
+    ever commit), and afterwards the destination's committed records were read from before
+    the attempt's admission to the end they had after the fence (`searched`, a description
+    of the partitions and end offsets read) without finding the attempt."""
+
+    fence_id: str
+    fenced_at_ms: int
+    searched: str = ""
+
+
 class NotPublished(_Result, tag="NOT_PUBLISHED", frozen=True):
     disposition: Literal["retriable", "permanent", "lane_unavailable"]
     error_code: str
     detail: str = ""
+    # Set when absence was proven after the fact (recovery), not reported by the producer
+    # that made the attempt: the attempt's fence and what was read after it.
+    proof: AbsenceProof | None = None
 
 
 class Unknown(_Result, tag="UNKNOWN", frozen=True):

@@ -19,7 +19,10 @@ from storage.errors import StoreError
 from storage.store import ShardStore
 
 LOG_FORMAT = "nereus-log"
-LOG_VERSION = 1
+# 2: Admissions may carry a fence id and NOT_PUBLISHED outcomes a proof of absence (both
+# optional fields, so a version-1 export still reads).
+LOG_VERSION = 2
+READABLE_LOG_VERSIONS = frozenset({1, 2})
 
 
 class LogHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -66,7 +69,7 @@ class JsonlLog:
             self.header = msgspec.json.decode(first, type=LogHeader)
         except msgspec.MsgspecError as exc:
             raise StoreError(path, f"not a Nereus log export: {exc}", "line 1") from exc
-        if self.header.format != LOG_FORMAT or self.header.version != LOG_VERSION:
+        if self.header.format != LOG_FORMAT or self.header.version not in READABLE_LOG_VERSIONS:
             raise StoreError(
                 path, f"unsupported log format {self.header.format} v{self.header.version}"
             )

@@ -3,14 +3,16 @@
 Theory of operation: the header is written once when a store is created and checked on every
 open. `SCHEMA_VERSION` names the on-disk layout (sub-database names, key encodings, value
 framing and the kernel value types). A store of an older version is migrated forward by the
-steps in `MIGRATIONS` (none exist yet), a newer one is refused, and so is an older one with
+steps in `MIGRATIONS`, a newer one is refused, and so is an older one with
 no migration path: guessing would corrupt it. `REBUILD_HINTS` says, for such a version, how
 to get a current store instead.
 
 Versions: 1 the first; 2 adds the `usage` table (per-tenant live messages and bytes) and the
 `timer_index` sub-database (a queue's live timers by timer key); 3 adds the `dead_letters`
 table (dead-letter copies owed, which hold their payload in place of the DEAD_LETTERED
-message) and the message's dead-letter evidence.
+message) and the message's dead-letter evidence; 4 adds the attempt's fence id (the fencing
+identity of the producer that sends it). Version 3 migrates to 4 by rewriting the header
+only: the new field is optional, and an attempt of a version-3 store was admitted unfenced.
 """
 
 from __future__ import annotations
@@ -21,17 +23,24 @@ from typing import Any, Literal
 import msgspec
 
 from kernel.config import KernelConfig
-from storage.codec import decode_struct
+from storage.codec import decode_struct, encode_value
 from storage.errors import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 HEADER_KEY = b"store_header"
 SHARD_META_KEY = b"shard_meta"
 LOG_INFO_KEY = b"log_info"
 LOG_SOURCE_KEY = b"log_source"
 
-# from-version -> function migrating an open write transaction to from-version + 1
-MIGRATIONS: dict[int, Callable[[Any], None]] = {}
+
+
+def _rows_unchanged(_txn: Any) -> None:
+    """A step whose new fields are optional: old rows decode with their defaults."""
+
+
+# from-version -> function migrating an open write transaction to from-version + 1 (the
+# caller rewrites the header's version in the same transaction)
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _rows_unchanged}
 
 # from-version -> what the refusal of such a store tells the operator to do instead
 REBUILD_HINTS: dict[int, str] = {
@@ -118,6 +127,18 @@ def check_schema(raw: bytes, path: str) -> StoreHeader:
             + (f": {hint}" if hint else ""),
         )
     return decode_struct(StoreHeader, raw, path, "store header")
+
+
+def migrate(txn: Any, meta_db: Any, header: StoreHeader) -> StoreHeader:
+    """Bring a checked header's store to `SCHEMA_VERSION` inside the open write transaction
+    `txn` (every step, then the header's new version), or return it as it is."""
+    if header.schema_version == SCHEMA_VERSION:
+        return header
+    for version in range(header.schema_version, SCHEMA_VERSION):
+        MIGRATIONS[version](txn)
+    header = msgspec.structs.replace(header, schema_version=SCHEMA_VERSION)
+    txn.put(HEADER_KEY, encode_value(header), db=meta_db)
+    return header
 
 
 def _peek_version(raw: bytes, path: str) -> int:

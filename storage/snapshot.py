@@ -29,7 +29,10 @@ from storage.schema import LogInfo
 from storage.store import ShardStore
 
 SNAPSHOT_FORMAT = "nereus-snapshot"
-SNAPSHOT_VERSION = 3  # 2: the usage table (store schema 2); 3: the dead-letter table (3)
+# 2: the usage table (store schema 2); 3: the dead-letter table (3); 4: attempts carry their
+# fence id (4). A version-3 snapshot still loads: its attempts were admitted unfenced.
+SNAPSHOT_VERSION = 4
+READABLE_SNAPSHOT_VERSIONS = frozenset({3, 4})
 
 
 class SnapshotHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -99,7 +102,7 @@ def read_snapshot(path: str, config: KernelConfig) -> tuple[SnapshotHeader, Memo
             header = msgspec.msgpack.decode(first, type=SnapshotHeader)
         except msgspec.MsgspecError as exc:
             raise StoreError(path, f"not a Nereus snapshot: {exc}") from exc
-        if header.format != SNAPSHOT_FORMAT or header.version != SNAPSHOT_VERSION:
+        if header.format != SNAPSHOT_FORMAT or header.version not in READABLE_SNAPSHOT_VERSIONS:
             raise StoreError(path, f"unsupported snapshot {header.format} v{header.version}")
         if header.config_fingerprint != config.fingerprint():
             raise StoreError(path, "snapshot was taken under another kernel configuration")

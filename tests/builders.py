@@ -98,6 +98,7 @@ class Shard:
         attempt_id: str | None = None,
         interval: k.TrustedInterval | None = None,
         granted: bool = True,
+        fence_id: str | None = None,
     ) -> k.PublishAdmission:
         """An Admission for the message's current generation and version, as a worker that
         claimed it right now would propose it."""
@@ -116,14 +117,15 @@ class Shard:
             capability=m.capability,
             interval=interval or interval_at(self.now_ms),
             capacity=k.Capacity(granted),
+            fence_id=fence_id,
         )
 
-    def admit(self, key: str = "k1") -> str:
+    def admit(self, key: str = "k1", *, fence_id: str | None = None) -> str:
         """Move time to the message's actionAt and admit it; returns the attempt id."""
         m = self.message(key)
         assert m is not None
         self.now_ms = max(self.now_ms, m.action_at_ms + 10)
-        record = self.admission(key)
+        record = self.admission(key, fence_id=fence_id)
         outcome = self.apply(record)
         assert outcome.code is k.Code.ADMITTED, outcome
         return record.attempt_id
@@ -145,6 +147,15 @@ def published(offset: int = 0, at_ms: int = T0_MS) -> k.Published:
 
 def not_published(disposition: str = "retriable", error: str = "broker_down") -> k.NotPublished:
     return k.NotPublished(disposition, error)  # type: ignore[arg-type]
+
+
+FENCE = "nereus-dest.test"
+
+
+def proven_absent(fence_id: str = FENCE) -> k.NotPublished:
+    """Absence proven after the fact: the attempt's producer fenced, the committed view read."""
+    proof = k.AbsenceProof(fence_id, T0_MS, "reminders[0]@0")
+    return k.NotPublished("retriable", "absent_after_fence", proof=proof)
 
 
 def unknown(reason: str = "timeout") -> k.Unknown:

@@ -35,6 +35,7 @@ from kernel.records import record_type
 from kernel.validation import action_at
 from tests.builders import (
     DIGEST,
+    FENCE,
     QUEUE,
     T0_MS,
     TENANT,
@@ -44,6 +45,7 @@ from tests.builders import (
     mid,
     not_published,
     obligations,
+    proven_absent,
     published,
     schedule,
     tables,
@@ -265,6 +267,16 @@ def on_results(
 
 def on_admitted(make: Callable[[Shard, str], k.Record], record: k.Schedule | None = None) -> Build:
     return on_results((), make, record)
+
+
+def on_fenced(make: Callable[[Shard, str], k.Record], fence_id: str = FENCE) -> Build:
+    """Schedule and admit with a producer fenced under `fence_id`, then build."""
+
+    def build(s: Shard) -> k.Record:
+        scheduled(s)
+        return make(s, s.admit(fence_id=fence_id))
+
+    return build
 
 
 def on_uncertain(make: Callable[[Shard, str], k.Record], record: k.Schedule | None = None) -> Build:
@@ -1002,6 +1014,9 @@ ROWS: tuple[Row, ...] = (
     R("retriable failure, retry one ms before expireAt",
       after_admission_at(EXPIRE_MS - BACKOFF_MS - 1, not_published()), C.OUTCOME_RECORDED,
       keyed_at(EXPIRE_MS - 1)),
+    R("absence proven under the attempt's own fence: retried",
+      on_fenced(lambda s, aid: s.outcome(aid, proven_absent())), C.OUTCOME_RECORDED,
+      keyed_at(ACTION_MS + 10 + BACKOFF_MS)),
     R("unknown arms a retry after backoff",
       on_admitted(lambda s, aid: s.outcome(aid, unknown())), C.OUTCOME_RECORDED,
       armed(ACTION_MS + 10 + BACKOFF_MS)),
@@ -1344,6 +1359,19 @@ ROWS: tuple[Row, ...] = (
       on_retry(lambda s, a1, a2: s.outcome(a1, not_published()), (2, published(2)),
                schedule(txn="txn-2")),
       C.OUTCOME_ABSENCE_NOT_EVIDENCE),
+    R("a proof of absence for an unknown attempt",
+      on_fenced(lambda s, aid: (ok(s.apply(s.outcome(aid, unknown()))), s.outcome(aid,
+                proven_absent()))[1]),
+      C.OUTCOME_ABSENCE_NOT_EVIDENCE),
+    R("a proof of absence for a producer that cannot be fenced",
+      on_admitted(lambda s, aid: s.outcome(aid, proven_absent())), C.OUTCOME_PROOF_INVALID),
+    R("a proof of absence under another producer's fence",
+      on_fenced(lambda s, aid: s.outcome(aid, proven_absent("nereus-dest.other"))),
+      C.OUTCOME_PROOF_INVALID),
+    R("a proof of absence after the attempt was published",
+      on_fenced(lambda s, aid: (ok(s.apply(s.outcome(aid, published()))), s.outcome(aid,
+                proven_absent()))[1]),
+      C.OUTCOME_ALREADY_RECORDED),
     # Rejected: dead-letter copies.
     R("the copy recorded twice", dead_lettered(copy_written(), last=copy_written(offset=1)),
       C.DEAD_LETTER_NOT_PENDING, config=ONE_ATTEMPT),
