@@ -1,39 +1,27 @@
 """The Kafka destination: timers published as records to Apache Kafka with confluent-kafka.
 
-Theory of operation: one idempotent producer (`enable.idempotence`, `acks=all`) writes each
-`Send` to the topic its queue maps to, keyed by the timer's partition key, with Nereus's
-headers (message id, generation, attempt id, txn, producer). `submit` only enqueues; the
-per-message delivery report, served by `poll`, becomes the attempt's outcome, and the class of
-that outcome must be the truth:
+Theory of operation: each `Send` becomes one record in the topic its queue maps to, keyed by
+the timer's partition key, with Nereus's headers (message id, generation, attempt id, txn,
+producer). `submit` never blocks; results come back through `poll`. Two capabilities
+(`KafkaDestinationConfig.delivery`, decided in `specs/kafka.md`):
 
-* PUBLISHED only with a delivery report that carries a real partition and offset; the
-  evidence is (topic, partition, offset, timestamp). On a `LogAppendTime` topic the timestamp
-  is the broker's persistence time; on a `CreateTime` topic it is the record's create time.
-* NOT_PUBLISHED only when the record is definitely absent. librdkafka knows a per-message
-  persistence status (`rd_kafka_message_status`: NOT_PERSISTED / POSSIBLY_PERSISTED /
-  PERSISTED), but confluent-kafka-python does not expose it (its `Message` has `latency()`
-  and `leader_epoch()`, no status; the PR that proposed `PersistenceStatus` was not merged).
-  So the class is derived from the error code, following librdkafka's own table of
-  produce-error actions (`rd_kafka_handle_Produce_error`), and made more cautious where the
-  code alone cannot carry the truth:
-  - `MSG_SIZE_TOO_LARGE` / `RECORD_LIST_TOO_LARGE`: the broker refused the whole batch. If
-    this record alone is over the topic's limit -> permanent `record_too_large`; if it would
-    fit alone, it was refused for its batch-mates -> retriable `batch_too_large`.
-  - unknown topic or partition -> `lane_unavailable` (nothing of it exists to hold a record).
-  - `INVALID_MSG` / `INVALID_RECORD` and configuration refusals (authorization, policy,
-    timestamp, message format) -> permanent; errors librdkafka marks "not persisted, retry"
-    -> retriable. A message can reach such an error on a retry after an earlier attempt of
-    the same batch was possibly persisted (an in-flight request lost with its connection),
-    which only librdkafka's hidden status would tell; so when the producer reported any
-    error (error callback, or a possibly-persisted delivery report) between this record's
-    produce() and its report, these classes become UNKNOWN instead.
-  - everything else -> UNKNOWN: `_MSG_TIMED_OUT` (also for a record that never left the
-    queue: the code does not tell which), `_PURGE_INFLIGHT`, request timeouts, transport
-    failures, `NOT_ENOUGH_REPLICAS_AFTER_APPEND`, idempotence errors, fatal errors, unknown
-    codes. A success report without a valid offset (librdkafka's DUPLICATE_SEQUENCE_NUMBER
-    path) is UNKNOWN too: persisted, but without evidence the reconciler can find it.
-* A produce() call that raises never enqueued the record: `BufferError` (local queue full)
-  -> retriable; `KafkaException` classified by its code as above, never UNKNOWN.
+* **transactional** (the default): a producer with a stable `transactional.id` per shard and
+  destination cluster sends each round of sends as one Kafka transaction, on its own thread
+  (`adapters.kafka_txn`). Its first `init_transactions()` fences every earlier producer
+  under the id, so after a crash or a takeover an admitted attempt that a complete search of
+  the `read_committed` view does not find is proven absent: NOT_PUBLISHED, retried with no
+  chance of a duplicate. The id is the Admission's `fence_id`. Consumers of the topics must
+  read with `isolation.level=read_committed` (records of aborted transactions are in the
+  log too, and a read_uncommitted consumer sees them).
+* **idempotent**: one idempotent producer (`enable.idempotence`, `acks=all`), for clusters
+  where transactions are not allowed. Its per-message delivery report is the attempt's
+  outcome, classified by `adapters.kafka_outcomes`; absence is never proven after the fact,
+  so an attempt whose send gate died with a process is recorded UNKNOWN unless a search finds
+  it, and a retry after UNKNOWN may duplicate it.
+
+PUBLISHED only ever comes with evidence from a delivery report (topic, partition, offset,
+timestamp; on a `LogAppendTime` topic the broker's persistence time) — in the transactional
+capability, only once the transaction committed.
 
 Size limits: `max_record_bytes(topic)` is the topic's `max.message.bytes` (read with
 AdminClient.describe_configs, cached for `limits_ttl_s`), capped by the producer's
@@ -45,84 +33,40 @@ dead letters, cannot poison a batch). Records under the limit can still be refus
 when the producer's `batch.size` exceeds a topic's `max.message.bytes`: keep `batch_size`
 below the smallest topic limit (they come back retriable, `batch_too_large`).
 
-Evidence lookup (`find`) is the reconciler's only way to turn UNKNOWN into PUBLISHED: it reads
-every partition of the topic from the offset of timestamp `since_ms - find_slack_ms`
-(offsets_for_times; the slack absorbs a broker clock behind ours on `LogAppendTime` topics)
-up to the end of the partition at scan time (the high watermark; `read_committed`, so the
-last stable offset), with a consumer that never joins or commits to a group, and returns the
-first record whose `nereus-attempt-id` header equals the attempt id. The scan is bounded by
-`find_max_records` records and `find_max_seconds` seconds over all partitions (defaults
-1,000,000 and 10 s); a scan that hits a bound, like one that finds nothing, returns None,
-which proves nothing: the attempt stays UNKNOWN and is looked for again later.
+Evidence (`search`) is looked for in bulk by `adapters.kafka_evidence`: one read of each
+partition for every lookup of a search, in the background.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
-from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
+from adapters.kafka_evidence import EvidenceReader, KafkaSearch, SearchLimits
+from adapters.kafka_outcomes import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    FRAMING_RESERVE_BYTES,
+    SIZE_CODES,
+    classify_error,
+    classify_produce_exception,
+    record_batch_upper_bytes,
+)
+from adapters.kafka_txn import Outgoing, TransactionalSender, TxnSettings
 from kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published, Unknown
-from runtime.destination import H_ATTEMPT_ID, PublishResult, Send, SendResult
+from runtime.destination import Lookup, PublishResult, Search, Send, SendResult
 from runtime.log import Logger, NullLogger
 
-# Kafka's default topic max.message.bytes (1 MiB + 12 bytes of batch overhead).
-DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
-# Record batch header (61 bytes), one record's framing (length, attributes, timestamp and
-# offset deltas, key/value lengths, header count: at most 36 bytes) and the varint framing of
-# up to 16 headers (10 bytes each), rounded up.
-FRAMING_RESERVE_BYTES = 320
-_BATCH_HEADER_BYTES = 61
-_RECORD_FRAMING_BYTES = 36
-_HEADER_FRAMING_BYTES = 10
+__all__ = ["FRAMING_RESERVE_BYTES", "Delivery", "KafkaDestination", "KafkaDestinationConfig"]
 
-_E = KafkaError
-_SIZE_CODES = frozenset({_E.MSG_SIZE_TOO_LARGE, _E.RECORD_LIST_TOO_LARGE})
-_LANE_CODES = frozenset(
-    {_E.UNKNOWN_TOPIC_OR_PART, _E._UNKNOWN_TOPIC, _E._UNKNOWN_PARTITION, _E.UNKNOWN_TOPIC_ID}
-)
-# Refused by the broker's validation or configuration before anything is appended.
-_PERMANENT_CODES = frozenset(
-    {
-        _E.INVALID_MSG,
-        _E.INVALID_RECORD,
-        _E.TOPIC_AUTHORIZATION_FAILED,
-        _E.CLUSTER_AUTHORIZATION_FAILED,
-        _E.POLICY_VIOLATION,
-        _E.INVALID_TIMESTAMP,
-        _E.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-        _E.INVALID_REQUIRED_ACKS,
-    }
-)
-# librdkafka: "not persisted" and retried (rd_kafka_err_action / rd_kafka_handle_Produce_error).
-_RETRIABLE_CODES = frozenset(
-    {
-        _E.NOT_ENOUGH_REPLICAS,
-        _E.KAFKA_STORAGE_ERROR,
-        _E.LEADER_NOT_AVAILABLE,
-        _E.NOT_LEADER_FOR_PARTITION,
-        _E.BROKER_NOT_AVAILABLE,
-        _E.REPLICA_NOT_AVAILABLE,
-        _E._TIMED_OUT_QUEUE,
-        _E._QUEUE_FULL,
-        _E._PURGE_QUEUE,
-    }
-)
+Delivery = Literal["transactional", "idempotent"]
 
 
 class KafkaDestinationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -130,9 +74,20 @@ class KafkaDestinationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=
     name: str = "kafka"
     # queue -> topic; a queue not listed publishes to the topic of its own name.
     topics: dict[str, str] = msgspec.field(default_factory=dict)
+    delivery: Delivery = "transactional"
+    # The transactional capability's producer id. None: "nereus-dest.<store id>", set when
+    # the runtime opens the destination (one store, one id). Kafka mode names it per shard.
+    transactional_id: str | None = None
     linger_ms: int = 5
     # How long librdkafka keeps trying a record; after it the report is _MSG_TIMED_OUT.
     message_timeout_ms: int = 30_000
+    # The broker aborts a transaction left open this long (must be >= message_timeout_ms).
+    transaction_timeout_ms: int = 60_000
+    # init_transactions / commit_transaction: how long one call may take before it is
+    # retried (init) or the transaction is treated as in doubt (commit).
+    init_timeout_s: float = 30.0
+    commit_timeout_s: float = 30.0
+    max_sends_per_transaction: int = 10_000
     # How long a record for a topic missing from the metadata waits before it fails.
     metadata_propagation_ms: int = 5_000
     # The producer's request/message size cap, and its batch size (see the module doc).
@@ -144,60 +99,14 @@ class KafkaDestinationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=
     producer_config: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     limits_ttl_s: float = 60.0
     admin_timeout_s: float = 5.0
-    find_slack_ms: int = 10_000
-    find_max_records: int = 1_000_000
-    find_max_seconds: float = 10.0
+    # Evidence searches: a record is looked for from its admission time less this slack
+    # (the proof of absence assumes no record is stamped earlier than that), and one search
+    # reads at most this many records for at most this long.
+    find_slack_ms: int = 30_000
+    find_max_records: int = 10_000_000
+    find_max_seconds: float = 60.0
     close_timeout_s: float = 10.0
-
-
-def record_batch_upper_bytes(
-    key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]]
-) -> int:
-    """An upper bound of a batch holding only this record, as the broker measures it."""
-    size = _BATCH_HEADER_BYTES + _RECORD_FRAMING_BYTES + len(key or b"") + len(value)
-    for k, v in headers:
-        size += _HEADER_FRAMING_BYTES + len(k.encode()) + len(v)
-    return size
-
-
-def classify_error(err: Any, *, fits_alone: bool, disturbed: bool) -> NotPublished | Unknown:
-    """The outcome a failed delivery report (or produce() exception) proves; see the module
-    doc. `fits_alone`: this record alone is within the topic's limit. `disturbed`: the producer
-    reported some error between this record's produce() and this report, so an earlier
-    attempt may have been possibly persisted."""
-    code: int = err.code()
-    name = str(err.name())
-    detail = str(err.str())
-    if code in _SIZE_CODES:
-        if not fits_alone:
-            return NotPublished("permanent", "record_too_large", detail)
-        return NotPublished("retriable", "batch_too_large", detail)
-    if code in _LANE_CODES:
-        return NotPublished("lane_unavailable", name.lower().lstrip("_"), detail)
-    if code in _PERMANENT_CODES or code in _RETRIABLE_CODES:
-        if disturbed:
-            return Unknown("possibly_persisted", f"{name} after a producer error: {detail}")
-        disposition: Literal["permanent", "retriable"] = (
-            "permanent" if code in _PERMANENT_CODES else "retriable"
-        )
-        return NotPublished(disposition, name.lower().lstrip("_"), detail)
-    if code == _E._MSG_TIMED_OUT:
-        return Unknown("timeout", detail)
-    return Unknown("possibly_persisted", f"{name}: {detail}")
-
-
-def classify_produce_exception(err: Any) -> NotPublished:
-    """produce() raised: the record was never enqueued, so it is definitely absent. A size
-    refusal here is the producer's own limit (message.max.bytes) for this record alone."""
-    code: int = err.code()
-    detail = str(err.str())
-    if code in _SIZE_CODES:
-        return NotPublished("permanent", "record_too_large", detail)
-    if code in _LANE_CODES:
-        return NotPublished("lane_unavailable", str(err.name()).lower().lstrip("_"), detail)
-    if code in _PERMANENT_CODES:
-        return NotPublished("permanent", str(err.name()).lower().lstrip("_"), detail)
-    return NotPublished("retriable", "produce_refused", f"{err.name()}: {detail}")
+    retry_backoff_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -219,23 +128,33 @@ class KafkaDestination:
         self.log = logger or NullLogger()
         self._lock = threading.Lock()
         self._results: list[SendResult] = []
-        # Bumped on every producer error callback and every possibly-persisted report.
-        self._disturbances = 0
-        self._fatal: Any = None
         self._limits: dict[str, tuple[int | None, float]] = {}
         self._admin: Any = None
-        self._reader: Any = None
-        # Sends handed to the current producer whose report has not come yet, by token.
+        self.fence_id: str | None = None
+        self._sender: TransactionalSender | None = None
+        # The idempotent capability: its producer, the sends it holds whose report has not
+        # come yet (by token), and the disturbances that make an error report uncertain.
+        self._producer: Any = None
         self._pending: dict[int, _Pending] = {}
         self._tokens = 0
-        self._producer: Any = self._new_producer()
+        self._disturbances = 0
+        self._fatal: Any = None
+        self._reader: EvidenceReader | None = None
+        if config.delivery == "idempotent":
+            self._producer = self._new_producer()
+            self._reader = self._new_reader(None)
+        elif config.transactional_id is not None:
+            self._start_transactions(config.transactional_id)
 
     # Configuration ------------------------------------------------------------------------
 
-    def _new_producer(self) -> Any:
+    def _common(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.config.bootstrap, **self.config.client_config}
+
+    def _producer_conf(self) -> dict[str, Any]:
         c = self.config
         conf: dict[str, Any] = {
-            "bootstrap.servers": c.bootstrap,
+            **self._common(),
             "client.id": f"{c.name}-producer",
             "enable.idempotence": True,
             "acks": "all",
@@ -246,19 +165,57 @@ class KafkaDestination:
             "batch.size": c.batch_size,
             # The Java client's partitioner: same key, same partition, whoever produces.
             "partitioner": "murmur2_random",
-            "error_cb": self._on_error,
         }
-        conf.update(c.client_config)
+        if c.delivery == "transactional":
+            conf["transaction.timeout.ms"] = c.transaction_timeout_ms
+        else:
+            conf["error_cb"] = self._on_error
         conf.update(c.producer_config)
-        return Producer(conf)
+        return conf
+
+    def _new_producer(self) -> Any:
+        return Producer(self._producer_conf())
+
+    def _new_reader(self, fence: Callable[[threading.Event], Any] | None) -> EvidenceReader:
+        c = self.config
+        limits = SearchLimits(
+            c.find_slack_ms, c.find_max_records, c.find_max_seconds, c.admin_timeout_s
+        )
+        return EvidenceReader(self._common(), c.name, limits, self.log, fence=fence)
+
+    def _start_transactions(self, transactional_id: str) -> None:
+        c = self.config
+        settings = TxnSettings(
+            transactional_id=transactional_id,
+            init_timeout_s=c.init_timeout_s,
+            commit_timeout_s=c.commit_timeout_s,
+            max_sends=c.max_sends_per_transaction,
+            retry_backoff_s=c.retry_backoff_s,
+            close_timeout_s=c.close_timeout_s,
+        )
+        sender = TransactionalSender(
+            self._producer_conf(),
+            settings,
+            deliver=self._deliver,
+            fits_alone=self._fits_alone,
+            log=self.log,
+        )
+        reader = self._new_reader(sender.wait_fenced)
+        sender.search = lambda lookups: reader.search(lookups, _nothing)
+        self._reader = reader
+        self._sender = sender
+        self.fence_id = transactional_id
+        sender.start()
+
+    def open(self, store_id: str) -> None:
+        """The transactional capability takes its id from the store if none was given, and
+        starts fencing its predecessors now, before recovery searches for their records."""
+        if self.config.delivery == "transactional" and self._sender is None:
+            self._start_transactions(f"nereus-dest.{store_id}")
 
     def _admin_client(self) -> Any:
         if self._admin is None:
-            conf: dict[str, Any] = {
-                "bootstrap.servers": self.config.bootstrap,
-                "client.id": f"{self.config.name}-admin",
-            }
-            conf.update(self.config.client_config)
+            conf = {**self._common(), "client.id": f"{self.config.name}-admin"}
             self._admin = AdminClient(conf)
         return self._admin
 
@@ -291,6 +248,12 @@ class KafkaDestination:
         limit = self._topic_limit(topic, fetch=fetch)
         return None if limit is None else min(limit, self.config.message_max_bytes)
 
+    def _fits_alone(self, topic: str, upper_bytes: int) -> bool:
+        """Whether a record this big fits the topic by itself (an unreadable limit: assume
+        it was the record that did not fit)."""
+        limit = self._effective_limit(topic)
+        return limit is not None and upper_bytes <= limit
+
     def max_record_bytes(self, topic: str) -> int:
         limit = self._effective_limit(topic)
         if limit is None:
@@ -300,6 +263,40 @@ class KafkaDestination:
 
     # Sending ------------------------------------------------------------------------------
 
+    def _deliver(self, results: list[SendResult]) -> None:
+        with self._lock:
+            self._results.extend(results)
+
+    def submit(self, sends: Sequence[Send], now_ms: int) -> None:
+        if not sends:
+            return
+        outgoing: list[Outgoing] = []
+        for send in sends:
+            p = send.prepared
+            upper = record_batch_upper_bytes(p.key, p.value, send.headers())
+            limit = self._effective_limit(p.topic, fetch=False)
+            if limit is not None and upper > limit:
+                detail = f"about {upper} bytes encoded > {limit} accepted by {p.topic}"
+                refused = NotPublished("permanent", "record_too_large", detail)
+                self._deliver([SendResult.of(send, refused)])
+            else:
+                outgoing.append(Outgoing(send, upper, now_ms))
+        if self._sender is not None:
+            self._sender.submit(outgoing)
+            return
+        if self.config.delivery == "transactional":
+            raise RuntimeError("a transactional destination sends only after open()")
+        self._produce_idempotent(outgoing)
+
+    def poll(self, timeout_s: float) -> list[SendResult]:
+        if self._producer is not None:
+            self._producer.poll(timeout_s)
+        with self._lock:
+            results, self._results = self._results, []
+        return results
+
+    # The idempotent capability ----------------------------------------------------------
+
     def _on_error(self, err: Any) -> None:
         with self._lock:
             self._disturbances += 1
@@ -307,52 +304,32 @@ class KafkaDestination:
                 self._fatal = err
         self.log.warning("kafka_producer_error", error=str(err), fatal=bool(err.fatal()))
 
-    def _deliver(self, res: SendResult) -> None:
-        with self._lock:
-            self._results.append(res)
-
-    def submit(self, sends: Sequence[Send], now_ms: int) -> None:
-        if not sends:
-            return
+    def _produce_idempotent(self, outgoing: list[Outgoing]) -> None:
         if self._fatal is not None:
             self._replace_producer()
-        for send in sends:
-            p = send.prepared
-            headers = send.headers()
-            upper = record_batch_upper_bytes(p.key, p.value, headers)
-            limit = self._effective_limit(p.topic, fetch=False)
-            fits = limit is None or upper <= limit
-            if not fits:
-                self._deliver(
-                    _result(
-                        send,
-                        NotPublished(
-                            "permanent",
-                            "record_too_large",
-                            f"about {upper} bytes encoded > {limit} accepted by {p.topic}",
-                        ),
-                    )
-                )
-                continue
+        for out in outgoing:
+            send, p = out.send, out.send.prepared
             with self._lock:
                 seen = self._disturbances
             self._tokens += 1
             token, pending = self._tokens, self._pending
-            pending[token] = _Pending(send, seen, upper, now_ms)
+            pending[token] = _Pending(send, seen, out.upper_bytes, out.now_ms)
             try:
                 self._producer.produce(
                     p.topic,
                     value=p.value,
                     key=p.key,
-                    headers=list(headers),
+                    headers=list(send.headers()),
                     on_delivery=self._callback(pending, token),
                 )
             except BufferError as exc:
                 del pending[token]
-                self._deliver(_result(send, NotPublished("retriable", "queue_full", str(exc))))
+                self._deliver(
+                    [SendResult.of(send, NotPublished("retriable", "queue_full", str(exc)))]
+                )
             except KafkaException as exc:
                 del pending[token]
-                self._deliver(_result(send, classify_produce_exception(exc.args[0])))
+                self._deliver([SendResult.of(send, classify_produce_exception(exc.args[0]))])
         self._producer.poll(0)
 
     def _callback(self, pending: dict[int, _Pending], token: int) -> Callable[[Any, Any], None]:
@@ -360,7 +337,7 @@ class KafkaDestination:
             item = pending.pop(token, None)
             if item is None:
                 return  # already reported UNKNOWN when its producer was abandoned
-            self._deliver(_result(item.send, self._outcome(err, msg, item)))
+            self._deliver([SendResult.of(item.send, self._outcome(err, msg, item))])
 
         return on_delivery
 
@@ -379,21 +356,14 @@ class KafkaDestination:
         with self._lock:
             disturbed = self._disturbances != item.seen
         fits = True
-        if err.code() in _SIZE_CODES:
-            # Rare: may ask the broker. Unreadable limit: assume it was this record.
-            limit = self._effective_limit(str(msg.topic()))
-            fits = limit is not None and item.upper <= limit
+        if err.code() in SIZE_CODES:
+            # Rare: may ask the broker.
+            fits = self._fits_alone(str(msg.topic()), item.upper)
         outcome = classify_error(err, fits_alone=fits, disturbed=disturbed)
         if isinstance(outcome, Unknown):
             with self._lock:
                 self._disturbances += 1
         return outcome
-
-    def poll(self, timeout_s: float) -> list[SendResult]:
-        self._producer.poll(timeout_s)
-        with self._lock:
-            results, self._results = self._results, []
-        return results
 
     def _replace_producer(self) -> None:
         """A fatal (idempotence) error makes the producer unusable: purge what it still holds,
@@ -408,7 +378,7 @@ class KafkaDestination:
             self.log.warning("kafka_purge_failed", error=str(exc))
         for token in list(pending):
             item = pending.pop(token)
-            self._deliver(_result(item.send, Unknown("producer_failed", str(self._fatal))))
+            self._deliver([SendResult.of(item.send, Unknown("producer_failed", str(self._fatal)))])
         with self._lock:
             self._fatal = None
         self._pending = {}
@@ -416,110 +386,33 @@ class KafkaDestination:
 
     # Evidence -----------------------------------------------------------------------------
 
-    def _consumer(self) -> Any:
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
         if self._reader is None:
-            conf: dict[str, Any] = {
-                "bootstrap.servers": self.config.bootstrap,
-                "client.id": f"{self.config.name}-evidence",
-                # Required by the client; never joined (assign only) nor committed to.
-                "group.id": f"nereus-evidence-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 50,
-            }
-            conf.update(self.config.client_config)
-            self._reader = Consumer(conf)
-        return self._reader
+            raise RuntimeError("a transactional destination searches only after open()")
+        return self._reader.search(lookups, wake)
 
     def find(self, attempt_id: str, topic: str, since_ms: int) -> Evidence | None:
-        """Positive evidence that `attempt_id` is in `topic`, or None (proves nothing).
-        Bounded by `find_max_records` and `find_max_seconds`; see the module doc."""
-        c = self.config
-        deadline = time.monotonic() + c.find_max_seconds
-        want = attempt_id.encode()
-        consumer = self._consumer()
-        try:
-            md = consumer.list_topics(topic, timeout=c.admin_timeout_s)
-        except KafkaException as exc:
-            self.log.warning("kafka_find_failed", topic=topic, error=str(exc))
-            return None
-        meta = md.topics.get(topic)
-        if meta is None or meta.error is not None:
-            return None
-        start_ts = max(since_ms - c.find_slack_ms, 0)
-        query = [TopicPartition(topic, p, start_ts) for p in sorted(meta.partitions)]
-        try:
-            starts = consumer.offsets_for_times(query, timeout=c.admin_timeout_s)
-            ends: dict[int, int] = {}
-            assignment = []
-            for tp in starts:
-                if tp.error is not None or tp.offset < 0:
-                    continue  # no record at or after start_ts in this partition
-                marks = consumer.get_watermark_offsets(
-                    TopicPartition(topic, tp.partition), timeout=c.admin_timeout_s
-                )
-                if marks is None or tp.offset >= marks[1]:
-                    continue
-                high = marks[1]
-                ends[tp.partition] = high
-                assignment.append(TopicPartition(topic, tp.partition, tp.offset))
-        except KafkaException as exc:
-            self.log.warning("kafka_find_failed", topic=topic, error=str(exc))
-            return None
-        if not assignment:
-            return None
-        scanned = 0
-        consumer.assign(assignment)
-        try:
-            while ends and scanned < c.find_max_records:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                for m in consumer.consume(num_messages=500, timeout=min(left, 0.5)):
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            ends.pop(m.partition(), None)
-                        continue
-                    scanned += 1
-                    for k, v in m.headers() or ():
-                        if k == H_ATTEMPT_ID and v == want:
-                            return Evidence(
-                                str(m.topic()),
-                                int(m.partition()),
-                                int(m.offset()),
-                                m.timestamp()[1],
-                            )
-                    if m.offset() >= ends.get(m.partition(), 0) - 1:
-                        ends.pop(m.partition(), None)
-        finally:
-            consumer.unassign()
-        if ends:
-            self.log.warning(
-                "kafka_find_bounded",
-                attempt_id=attempt_id,
-                topic=topic,
-                scanned=scanned,
-                partitions_left=sorted(ends),
-            )
-        return None
+        """One lookup, waiting for its search: for tools and tests, not the runtime."""
+        handle = self.search([Lookup(attempt_id, topic, since_ms)], _nothing)
+        assert isinstance(handle, KafkaSearch)
+        handle.wait(self.config.find_max_seconds + 2 * self.config.admin_timeout_s + 5)
+        return handle.outcome().found.get(attempt_id) if handle.done() else None
 
     # Lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush what was submitted, for at most `close_timeout_s`; reports that come after
-        `close` are not collected (recovery resolves those attempts by evidence)."""
-        left = self._producer.flush(self.config.close_timeout_s)
-        if left:
-            self.log.warning("kafka_close_unflushed", records=left)
+        """Stop sending. The idempotent producer is flushed for at most `close_timeout_s`;
+        the transactional one finishes the transaction it is in (reports that come after
+        `close` are not collected: the next start settles those attempts by evidence)."""
+        if self._sender is not None:
+            self._sender.close()
+        if self._producer is not None:
+            left = self._producer.flush(self.config.close_timeout_s)
+            if left:
+                self.log.warning("kafka_close_unflushed", records=left)
         if self._reader is not None:
             self._reader.close()
-            self._reader = None
 
 
-def _result(send: Send, outcome: PublishResult) -> SendResult:
-    p = send.prepared
-    return SendResult(send.attempt_id, p.message_id, p.generation, outcome)
+def _nothing() -> None:
+    pass

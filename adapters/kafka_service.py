@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -92,8 +92,19 @@ class KafkaServiceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     process_id: str = msgspec.field(default_factory=default_process_id)
     # queue -> destination topic (a queue not listed publishes to the topic of its name).
     destination_topics: dict[str, str] = msgspec.field(default_factory=dict)
+    # The cluster the timers are published to, if not the one holding the commands topic.
+    destination_bootstrap: str | None = None
     destination_linger_ms: int = 5
+    # "transactional": each shard's destination producer has the transactional id
+    # "nereus-dest.<commands topic>.<shard>", so a new owner fences the old one's and proves
+    # absence; "idempotent" for clusters that do not allow transactions (specs/kafka.md).
+    destination_delivery: Literal["transactional", "idempotent"] = "transactional"
     session_timeout_ms: int = 6_000
+    # Static group membership (`group.instance.id`, kept in DATA/group-instance-id): a
+    # process restarted on the same data directory takes its shards back at once instead of
+    # waiting for the group to time its previous incarnation out. The price, Kafka's own: a
+    # process that stops for good hands its shards over only when its session times out.
+    static_membership: bool = True
     heartbeat_interval_ms: int = 1_000
     max_poll_interval_ms: int = 60_000
     reopen_backoff_ms: int = 3_000
@@ -176,12 +187,15 @@ class KafkaService:
         return conf
 
     def _kafka_destination(self, partition: int) -> Destination:
+        c = self.config
         return KafkaDestination(
             KafkaDestinationConfig(
-                bootstrap=self.config.bootstrap,
-                topics=dict(self.config.destination_topics),
-                linger_ms=self.config.destination_linger_ms,
-                client_config=dict(self.config.client_config),
+                bootstrap=c.destination_bootstrap or c.bootstrap,
+                topics=dict(c.destination_topics),
+                delivery=c.destination_delivery,
+                transactional_id=f"nereus-dest.{c.commands_topic}.{partition}",
+                linger_ms=c.destination_linger_ms,
+                client_config=dict(c.client_config),
             ),
             logger=self.log.bind(shard=partition),
         )
@@ -385,21 +399,40 @@ class KafkaService:
 
     # Group membership and shards ----------------------------------------------------------
 
+    def _instance_id(self) -> str:
+        """This data directory's static member id, made on its first start."""
+        path = os.path.join(self.config.data_dir, "group-instance-id")
+        try:
+            with open(path) as f:
+                found = f.read().strip()
+            if found:
+                return found
+        except FileNotFoundError:
+            pass
+        made = f"nereus-{uuid.uuid4().hex}"
+        with open(path + ".tmp", "w") as f:
+            f.write(made + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        return made
+
     def _serve_group(self) -> None:
         c = self.config
-        member = Consumer(
-            {
-                **self._common(),
-                "client.id": "nereus-member",
-                "group.id": c.group,
-                "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": c.session_timeout_ms,
-                "heartbeat.interval.ms": c.heartbeat_interval_ms,
-                "max.poll.interval.ms": c.max_poll_interval_ms,
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
-        )
+        conf: dict[str, Any] = {
+            **self._common(),
+            "client.id": "nereus-member",
+            "group.id": c.group,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": c.session_timeout_ms,
+            "heartbeat.interval.ms": c.heartbeat_interval_ms,
+            "max.poll.interval.ms": c.max_poll_interval_ms,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+        if c.static_membership:
+            conf["group.instance.id"] = self._instance_id()
+        member = Consumer(conf)
         self._member = member
         member.subscribe(
             [c.commands_topic],
@@ -417,7 +450,9 @@ class KafkaService:
         finally:
             self._release_all("stopping")
             try:
-                member.close()  # leaves the group: the shards move to the others now
+                # A dynamic member leaves the group here and its shards move at once; a
+                # static one keeps its place until its session times out.
+                member.close()
             except (KafkaException, RuntimeError) as exc:
                 self.log.warning("group_leave_failed", error=str(exc))
 

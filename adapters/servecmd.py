@@ -77,6 +77,20 @@ def register(sub: Any) -> None:
     )
     k.add_argument("--session-timeout-ms", type=int, default=6_000)
     k.add_argument(
+        "--destination-bootstrap",
+        metavar="BOOTSTRAP",
+        help="the cluster timers are published to (default: the one of --kafka)",
+    )
+    k.add_argument(
+        "--delivery",
+        choices=["transactional", "idempotent"],
+        default="transactional",
+        help="transactional: each shard's sends are Kafka transactions, and a restart or a "
+        "takeover proves unfinished attempts absent (consumers must read with "
+        "isolation.level=read_committed); idempotent: for clusters without transactions "
+        "(an attempt in flight at a crash may be retried as a duplicate)",
+    )
+    k.add_argument(
         "--destination-linger-ms",
         type=int,
         default=5,
@@ -239,6 +253,8 @@ def serve_kafka(
         destination_topics=topics,
         session_timeout_ms=args.session_timeout_ms,
         destination_linger_ms=args.destination_linger_ms,
+        destination_delivery=args.delivery,
+        destination_bootstrap=args.destination_bootstrap,
         process_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
     )
     clock = SystemClock(assumed_error_ms=args.assume_clock_error_ms)

@@ -39,9 +39,10 @@ class RuntimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # once when a command arrives.
     idle_sleep_max_ms: int = 50
     reconcile_interval_ms: int = 5_000
-    # Wall time one reconcile pass may spend looking for evidence before it yields the loop;
-    # the next pass continues after the last attempt it looked at.
-    reconcile_budget_ms: int = 200
+    # An evidence search that failed or could not finish (an unreachable destination, a
+    # bound) is followed by the next one after base * 2^(n-1) ms, at most max.
+    evidence_retry_ms: int = 1_000
+    evidence_retry_max_ms: int = 30_000
     # After a lane_unavailable outcome the lane is not READY for this long.
     lane_unready_ms: int = 1_000
     # Commands waiting in the intake queue before submit() pushes back.

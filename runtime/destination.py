@@ -4,20 +4,27 @@ Theory of operation: a claim turns a due message into an immutable `PreparedPubl
 exact record to write, minus the attempt id); an Admission assigns the attempt id; after the
 Admission is durable the runner hands `Send`s to the destination, which reports one
 `SendResult` per send. The result's class must be the truth: PUBLISHED only with evidence,
-NOT_PUBLISHED only when the record is definitely absent, otherwise UNKNOWN. Evidence lookup
-by attempt id lets recovery resolve attempts whose send gate died with a process.
+NOT_PUBLISHED only when the record is definitely absent, otherwise UNKNOWN.
+
+Evidence is searched in bulk (`search`): recovery, reconciliation of UNKNOWN attempts, the
+look before an uncertain retry and the look for dead-letter copies hand the destination one
+set of `Lookup`s, and it reads each partition once for all of them, in the background, while
+the runtime goes on. A destination whose producer can be fenced (`fence_id`: Kafka's
+transactional producer) fences it before the search takes its end offsets; then an attempt
+admitted under that fence id and not found by a complete search is definitely absent, and
+the outcome says why (`AbsenceProof`). Without a fence, not finding a record proves nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import msgspec
 
 from kernel.keys import attempt_prefix
-from kernel.records import Capability, Evidence, NotPublished, Published, Unknown
+from kernel.records import AbsenceProof, Capability, Evidence, NotPublished, Published, Unknown
 
 # Headers Nereus writes on every published record; clients may not send these names.
 H_MESSAGE_ID = "nereus-message-id"
@@ -89,10 +96,89 @@ class SendResult(msgspec.Struct, frozen=True):
     generation: int
     result: PublishResult
 
+    @classmethod
+    def of(cls, send: Send, result: PublishResult) -> SendResult:
+        p = send.prepared
+        return cls(send.attempt_id, p.message_id, p.generation, result)
+
+
+class Lookup(msgspec.Struct, frozen=True):
+    """An attempt to look for: a record whose attempt-id header is `attempt_id`, in `topic`,
+    written no earlier than `since_ms` (its admission's persistence time) less the search's
+    slack for clocks."""
+
+    attempt_id: str
+    topic: str
+    since_ms: int
+
+
+class Fence(msgspec.Struct, frozen=True):
+    """The destination fenced every earlier producer under `fence_id` at `fenced_at_ms`
+    (wall clock): whatever they left open can never become visible."""
+
+    fence_id: str
+    fenced_at_ms: int
+
+
+class SearchOutcome(msgspec.Struct, frozen=True):
+    """What one search found. `complete`: every partition of every topic looked at was read
+    to the end offset it had when the search started (after `fence`, if any); an incomplete
+    search (a bound, an unreachable broker) proves nothing by what it did not find."""
+
+    found: dict[str, Evidence]
+    complete: bool
+    fence: Fence | None = None
+    searched: str = ""  # which partitions were read up to which offsets, for proofs and logs
+    error: str | None = None
+
+    def proof_for(self, fence_id: str | None) -> AbsenceProof | None:
+        """A proof that an attempt sent under `fence_id` and not in `found` is absent, or
+        None where this search proves nothing about it."""
+        fence = self.fence
+        if fence_id is None or fence is None or fence.fence_id != fence_id or not self.complete:
+            return None
+        return AbsenceProof(fence_id, fence.fenced_at_ms, self.searched)
+
+
+class Search(Protocol):
+    def done(self) -> bool: ...
+
+    def outcome(self) -> SearchOutcome:
+        """The result; only once `done()`."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
+class FinishedSearch:
+    """A search that was over when it was made: for destinations whose lookup is an index
+    read rather than a scan (the local destination, the simulator)."""
+
+    def __init__(self, outcome: SearchOutcome) -> None:
+        self._outcome = outcome
+
+    def done(self) -> bool:
+        return True
+
+    def outcome(self) -> SearchOutcome:
+        return self._outcome
+
+    def cancel(self) -> None:
+        pass
+
 
 class Destination(Protocol):
     name: str
     capability: Capability
+    # The fencing identity of the producer that sends (recorded in every Admission), or None
+    # when the producer cannot be fenced and absence is never proven after the fact.
+    fence_id: str | None
+
+    def open(self, store_id: str) -> None:
+        """Called once by the runtime before recovery, with the shard store's id: a
+        destination that derives its fencing identity from the store sets `fence_id` here
+        and fences its predecessors."""
+        ...
 
     def max_record_bytes(self, topic: str) -> int:
         """The largest record the topic accepts; checked at claim, before Admission."""
@@ -106,9 +192,9 @@ class Destination(Protocol):
 
     def poll(self, timeout_s: float) -> list[SendResult]: ...
 
-    def find(self, attempt_id: str, topic: str, since_ms: int) -> Evidence | None:
-        """Positive evidence that this attempt's record is at the destination, or None
-        (which proves nothing)."""
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
+        """Look for every lookup's record in one pass per partition; `wake` is called when
+        the search is done (from any thread). Must not block for long."""
         ...
 
     def close(self) -> None: ...

@@ -93,6 +93,7 @@ from runtime.config import RuntimeConfig
 from runtime.destination import (
     DLQ_SUFFIX,
     Destination,
+    Lookup,
     PreparedPublish,
     Send,
     SendResult,
@@ -104,6 +105,7 @@ from runtime.errors import Overloaded, RuntimeHalted
 from runtime.log import Logger, NullLogger
 from runtime.metrics import LabelKey, Metrics
 from runtime.prepare import PrepareFailure, dead_letter_message, prepare, prepare_dead_letter
+from runtime.settle import Settled, Settler, Want
 from runtime.shardlog import EmbeddedLog, ShardLog, ShardLost
 from storage.base import StoreView
 from storage.store import Appendable, ShardStore
@@ -149,12 +151,13 @@ class _PendingSend:
 @dataclass
 class _DeadLetterCopy:
     """A copy this runtime is writing. `waiting`: to be written at `due_ms` (runtime clock),
-    after looking for it at the destination first if `look_first`; `sending`: handed to the
-    destination; `recorded`: DEAD_LETTER_WRITTEN_V1 is on its way into the log."""
+    after looking for it at the destination first if `look_first`; `looking`: that look is
+    in an evidence search; `sending`: handed to the destination; `recorded`:
+    DEAD_LETTER_WRITTEN_V1 is on its way into the log."""
 
     message_id: str
     generation: int
-    state: Literal["waiting", "sending", "recorded"] = "waiting"
+    state: Literal["waiting", "looking", "sending", "recorded"] = "waiting"
     due_ms: int = 0
     failures: int = 0
     look_first: bool = False
@@ -242,6 +245,13 @@ class ShardRuntime:
         self._intake_lock = threading.Lock()
         self._queued = 0
         self._wake = threading.Event()
+        destination.open(store.header.store_id)
+        self.settler = Settler(
+            destination,
+            self._wake.set,
+            retry_ms=self.config.evidence_retry_ms,
+            retry_max_ms=self.config.evidence_retry_max_ms,
+        )
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._pending_sends: list[_PendingSend] = []
@@ -253,7 +263,13 @@ class ShardRuntime:
         self._recovered = False
         self._last_reconcile_ms = 0
         self._last_backlog_ms = 0
-        self._reconcile_after: bytes | None = None
+        # Recovery's open attempts not yet settled, and when recovery started (tick time).
+        self._recovering: set[str] = set()
+        self._recovery_started_ms = 0
+        self._recovery_counts: dict[str, int] = {}
+        # UNKNOWN attempts a complete search did not find, with the tick time it started
+        # at: an uncertain retry is claimed only after such a look (`_retry_checked`).
+        self._looked: dict[str, int] = {}
         self._admitted_claims: set[str] = set()
         # Claims made ahead of their action time, by message id: their Admission is
         # proposed by the first tick whose clock reading proves the action time.
@@ -370,6 +386,7 @@ class ShardRuntime:
         self._deferred = []
         self._dead_letters = {}
         self._ahead = {}
+        self.settler.close()
 
     def tick(self) -> float:
         """One round: gather, commit once, act on effects, send. Returns how long the
@@ -398,9 +415,8 @@ class ShardRuntime:
             # A log that folds records after writing them (Kafka): fold what came back
             # first, so this tick's discovery already sees this owner's last proposals.
             self._commit(_Tick(interval=tick.interval, now_ms=tick.now_ms))
-        recovered: list[Appendable] = []
         if not self._recovered and log.caught_up():
-            recovered = self._recover()
+            self._recover(tick)
             self._recovered = True
         settled = self._recovered and log.settled()
         proposals: list[Appendable] = []
@@ -428,8 +444,9 @@ class ShardRuntime:
         took_commands = bool(tick.waiters)
         if took_commands:
             self._holding_since = None
-        tick.items.extend(recovered)
         tick.items.extend(self._collect_results(tick))
+        if self._recovered:
+            tick.items.extend(self._settle(tick))
         tick.items.extend(self._deferred)
         self._deferred = []
         if (
@@ -438,7 +455,7 @@ class ShardRuntime:
             and tick.now_ms - self._last_reconcile_ms >= self.config.reconcile_interval_ms
         ):
             self._last_reconcile_ms = tick.now_ms
-            tick.items.extend(self._reconcile())
+            self._reconcile()
         tick.items.extend(proposals)
         # Sends waiting for proof that this owner still owns the shard need a write.
         waiting = bool(self._pending_sends) or self._dead_letters_due(tick.now_ms)
@@ -836,6 +853,8 @@ class ShardRuntime:
                 if message.generation != generation or message.version != work.version:
                     continue  # the index and the row disagree only inside a stale view
                 proposal = self._claim(view, message, tick)
+                if proposal is None:
+                    continue  # the search for its UNKNOWN attempts wakes the loop
                 tick.proposed.add(mid)
                 proposals.append((proposal, None))
                 if isinstance(proposal, PublishAdmission):
@@ -847,11 +866,11 @@ class ShardRuntime:
             tick.lane_future.add(lane)  # no rows left in the lane
         return served
 
-    def _claim(self, view: StoreView, message: Message, tick: _Tick) -> Record:
-        if message.status is Status.UNCERTAIN:
-            evidence = self._evidence_for_open_attempts(view, message)
-            if evidence is not None:
-                return evidence  # found: record it instead of risking a duplicate
+    def _claim(self, view: StoreView, message: Message, tick: _Tick) -> Record | None:
+        """The proposal for a due message: its Admission, or a claim result proving a
+        permanent pre-send error. None while an uncertain retry waits for its look."""
+        if message.status is Status.UNCERTAIN and not self._retry_checked(view, message):
+            return None
         if self.destination.capability != message.capability:
             return ClaimResult(
                 message.message_id,
@@ -929,99 +948,167 @@ class ShardRuntime:
             capability=message.capability,
             interval=tick.interval,
             capacity=Capacity(True, lane_permits=1, bytes_reserved=claim.size_bytes),
+            fence_id=self.destination.fence_id,
         )
 
-    def _evidence_for_open_attempts(self, view: StoreView, message: Message) -> Record | None:
+    def _retry_checked(self, view: StoreView, message: Message) -> bool:
+        """Before an uncertain retry, look for the generation's UNKNOWN attempts: a retry
+        while one of them sits at the destination is a duplicate. True once a complete
+        search that started after the retry came due missed every one of them; False while
+        that look is still to be done (it is asked for here). A search that finds one
+        records it PUBLISHED (`_settle`), which ends the retry."""
         topic = self.destination.topic_for(message.queue)
         prefix = attempt_prefix(message.message_id, message.generation).encode()
+        unchecked: list[Want] = []
         for _key, value in view.range(Table.ATTEMPTS, prefix, prefix + b"\xff"):
             assert isinstance(value, Attempt)
-            if value.status is AttemptStatus.UNKNOWN:
-                found = self.destination.find(value.attempt_id, topic, value.admitted_at_ms)
-                if found is not None:
-                    return PublishOutcome(
-                        value.attempt_id, value.message_id, value.generation, Published(found)
-                    )
-        return None
+            if value.status is not AttemptStatus.UNKNOWN:
+                continue
+            if self._looked.get(value.attempt_id, -1) < message.action_at_ms:
+                lookup = Lookup(value.attempt_id, topic, value.admitted_at_ms)
+                unchecked.append(Want(lookup, "attempt", value.fence_id))
+        if unchecked:
+            self.settler.want(unchecked)
+            return False
+        return True
 
     # Recovery -----------------------------------------------------------------------------
 
-    def _recover(self) -> list[Appendable]:
-        """After a restart no send gate of a PUBLISHING attempt survives: resolve each by
-        evidence, or record UNKNOWN. Never re-send blindly; never infer absence. Every
-        dead-letter copy still owed is written (after looking for it first: the process
-        that owed it may have written it and died before recording it)."""
+    def _recover(self, tick: _Tick) -> None:
+        """After a restart no send gate of a PUBLISHING attempt survives: each is settled by
+        evidence, in one background search for all of them (`_settle` records what it
+        finds). Never re-send blindly; never infer absence without a fence. Every dead-letter
+        copy still owed is looked for too (the process that owed it may have written it and
+        died before recording it), then written if it is not there."""
+        wants: list[Want] = []
         with self.store.read() as view:
             for _key, pending in view.items(Table.DEAD_LETTERS):
                 assert isinstance(pending, DeadLetterPending)
                 self._owe_copy(pending.message_id, pending.generation, look_first=True)
-        return self._resolve_obligations(
-            (AttemptStatus.PUBLISHING, AttemptStatus.UNKNOWN),
-            record_unknown=True,
-            event="recovered_attempt",
-        )
-
-    def _reconcile(self) -> list[Appendable]:
-        """Look for positive evidence of UNKNOWN attempts."""
-        deadline = time.monotonic() + self.config.reconcile_budget_ms / 1000
-        return self._resolve_obligations(
-            (AttemptStatus.UNKNOWN,),
-            record_unknown=False,
-            event="reconciled_attempt",
-            deadline=deadline,
-        )
-
-    def _resolve_obligations(
-        self,
-        statuses: tuple[AttemptStatus, ...],
-        *,
-        record_unknown: bool,
-        event: str,
-        deadline: float | None = None,
-    ) -> list[Appendable]:
-        """Outcomes for open attempts in `statuses`: PUBLISHED where the destination shows
-        the attempt; with `record_unknown`, UNKNOWN for a PUBLISHING attempt it does not.
-        With a `deadline` (time.monotonic), stop looking once it passes and continue after
-        the last attempt looked at next time: a slow or unreachable destination must not hold
-        the loop for one lookup per open attempt."""
-        items: list[Appendable] = []
-        after = self._reconcile_after if deadline is not None else None
-        self._reconcile_after = None
-        last_done = after
-        with self.store.read() as view:
+                message = view.get(Table.MESSAGES, str_key(pending.message_id))
+                assert isinstance(message, Message)
+                aid = dead_letter_attempt_id(pending.message_id, pending.generation)
+                self._look_for_copy(self._dead_letters[aid], aid, message, pending)
             for key, ob in view.items(Table.OBLIGATIONS):
-                if after is not None and key <= after:
-                    continue
-                if deadline is not None and time.monotonic() > deadline:
-                    self._reconcile_after = last_done
-                    break
-                last_done = key
                 assert isinstance(ob, Obligation)
                 attempt = view.get(Table.ATTEMPTS, key)
                 assert isinstance(attempt, Attempt)
-                if attempt.status not in statuses:
+                if attempt.status is not AttemptStatus.PUBLISHING:
+                    continue  # UNKNOWN ones are the reconciler's
+                message = view.get(Table.MESSAGES, str_key(ob.message_id))
+                assert isinstance(message, Message)
+                topic = self.destination.topic_for(message.queue)
+                lookup = Lookup(attempt.attempt_id, topic, ob.admitted_at_ms)
+                wants.append(Want(lookup, "attempt", attempt.fence_id))
+        self._recovering = {w.lookup.attempt_id for w in wants}
+        self._recovery_started_ms = tick.now_ms
+        self._recovery_counts = {}
+        self.settler.want(wants)
+        self.log.info(
+            "recovery_started",
+            open_attempts=len(wants),
+            dead_letters_owed=len(self._dead_letters),
+            fence_id=self.destination.fence_id,
+        )
+        self._last_reconcile_ms = tick.now_ms  # the reconciler's first pass comes later
+
+    def _reconcile(self) -> None:
+        """Look for positive evidence of UNKNOWN attempts, all in one search."""
+        if self.settler.busy():
+            return  # whatever is being looked for now is looked for in full first
+        wants: list[Want] = []
+        with self.store.read() as view:
+            for key, ob in view.items(Table.OBLIGATIONS):
+                assert isinstance(ob, Obligation)
+                attempt = view.get(Table.ATTEMPTS, key)
+                assert isinstance(attempt, Attempt)
+                if attempt.status is not AttemptStatus.UNKNOWN:
                     continue
                 message = view.get(Table.MESSAGES, str_key(ob.message_id))
                 assert isinstance(message, Message)
-                found = self.destination.find(
-                    attempt.attempt_id,
-                    self.destination.topic_for(message.queue),
-                    ob.admitted_at_ms,
-                )
-                result: Published | Unknown
-                if found is not None:
-                    result = Published(found)
-                elif record_unknown and attempt.status is AttemptStatus.PUBLISHING:
-                    result = Unknown(
-                        "send_gate_lost", "the owner restarted before this attempt's outcome"
-                    )
-                else:
+                topic = self.destination.topic_for(message.queue)
+                lookup = Lookup(attempt.attempt_id, topic, ob.admitted_at_ms)
+                wants.append(Want(lookup, "attempt", attempt.fence_id))
+        self.settler.want(wants)
+
+    def _settle(self, tick: _Tick) -> list[Appendable]:
+        """What finished searches prove, as records: PUBLISHED where the attempt was found;
+        NOT_PUBLISHED with its proof where its fence proves it absent; for a PUBLISHING
+        attempt of recovery that nothing proves either way, UNKNOWN (or, if its fence can
+        still prove it, another search). Attempts no longer open are left alone."""
+        items: list[Appendable] = []
+        results = self.settler.step(tick.now_ms)
+        if not results:
+            return items
+        again: list[Want] = []
+        with self.store.read() as view:
+            for settled in results:
+                want = settled.want
+                if want.kind == "dead_letter":
+                    self._dead_letter_looked(settled)
                     continue
-                self.log.info(event, attempt_id=attempt.attempt_id, result=type(result).__name__)
-                items.append(
-                    (PublishOutcome(attempt.attempt_id, ob.message_id, ob.generation, result), None)
+                aid = want.lookup.attempt_id
+                attempt = view.get(Table.ATTEMPTS, str_key(aid))
+                if not isinstance(attempt, Attempt) or attempt.status not in (
+                    AttemptStatus.PUBLISHING,
+                    AttemptStatus.UNKNOWN,
+                ):
+                    self._recovered_one(aid, "resolved", tick)
+                    continue
+                result = self._settled_result(settled, attempt, again)
+                if result is None:
+                    continue
+                name = str(type(result).__struct_config__.tag)
+                self.log.info(
+                    "settled_attempt",
+                    attempt_id=aid,
+                    result=name,
+                    recovery=aid in self._recovering,
                 )
+                self._recovered_one(aid, name, tick)
+                record = PublishOutcome(aid, attempt.message_id, attempt.generation, result)
+                items.append((record, None))
+        self.settler.want(again)
         return items
+
+    def _settled_result(
+        self, settled: Settled, attempt: Attempt, again: list[Want]
+    ) -> Published | NotPublished | Unknown | None:
+        if settled.evidence is not None:
+            return Published(settled.evidence)
+        aid = attempt.attempt_id
+        if attempt.status is AttemptStatus.UNKNOWN:
+            # Only positive evidence resolves UNKNOWN; a complete miss lets a retry go.
+            if settled.complete:
+                self._looked[aid] = settled.started_ms
+            return None
+        if settled.proof is not None:
+            return NotPublished(
+                "retriable",
+                "absent_after_fence",
+                f"not in the committed records after the fence of {settled.proof.fence_id}",
+                proof=settled.proof,
+            )
+        if aid not in self._recovering:
+            return None  # a live attempt looked for by someone else: its send reports it
+        fenced = attempt.fence_id is not None and attempt.fence_id == self.destination.fence_id
+        if fenced:
+            # Its fence can still prove it absent once a search completes: never guess.
+            again.append(settled.want)
+            return None
+        return Unknown("send_gate_lost", "the owner restarted before this attempt's outcome")
+
+    def _recovered_one(self, attempt_id: str, result: str, tick: _Tick) -> None:
+        if attempt_id not in self._recovering:
+            return
+        self._recovering.discard(attempt_id)
+        self._recovery_counts[result] = self._recovery_counts.get(result, 0) + 1
+        if not self._recovering:
+            self.log.info(
+                "recovery_settled",
+                took_ms=tick.now_ms - self._recovery_started_ms,
+                **{k.lower(): v for k, v in sorted(self._recovery_counts.items())},
+            )
 
     # Dead letters -------------------------------------------------------------------------
 
@@ -1065,6 +1152,33 @@ class ShardRuntime:
         )
         return []
 
+    def _look_for_copy(
+        self, copy: _DeadLetterCopy, aid: str, message: Message, pending: DeadLetterPending
+    ) -> None:
+        copy.state = "looking"
+        topic = self.destination.topic_for(message.queue) + DLQ_SUFFIX
+        lookup = Lookup(aid, topic, pending.dead_lettered_at_ms)
+        self.settler.want([Want(lookup, "dead_letter")])
+
+    def _dead_letter_looked(self, settled: Settled) -> None:
+        """A copy found at the destination goes into the log; one not found is written
+        (copies are at-least-once: a miss, even by an incomplete search, only risks a second
+        copy under the same attempt id)."""
+        aid = settled.want.lookup.attempt_id
+        copy = self._dead_letters.get(aid)
+        if copy is None or copy.state != "looking":
+            return
+        found = settled.evidence
+        if found is None:
+            copy.state = "waiting"
+            copy.look_first = False
+            return
+        copy.state = "recorded"
+        self.metrics.inc("nereus_dead_letters_total", labels={"result": "found"})
+        self.log.info("dead_letter_found", attempt_id=aid, topic=found.destination)
+        record = DeadLetterWritten(copy.message_id, copy.generation, found)
+        self._deferred.append((record, None))
+
     def _write_dead_letters(self, tick: _Tick) -> None:
         """Write the copies that are due; look first where a write's fate is unknown."""
         if not self._recovered or not self._dead_letters_due(tick.now_ms):
@@ -1086,16 +1200,9 @@ class ShardRuntime:
                 due.append((aid, copy, message, pending, view.payload(pending.payload_digest)))
         sends: list[Send] = []
         for aid, copy, message, pending, payload in due:
-            topic = self.destination.topic_for(message.queue) + DLQ_SUFFIX
             if copy.look_first:
-                found = self.destination.find(aid, topic, pending.dead_lettered_at_ms)
-                if found is not None:
-                    copy.state = "recorded"
-                    self.metrics.inc("nereus_dead_letters_total", labels={"result": "found"})
-                    self.log.info("dead_letter_found", attempt_id=aid, topic=found.destination)
-                    record = DeadLetterWritten(copy.message_id, copy.generation, found)
-                    self._deferred.append((record, None))
-                    continue
+                self._look_for_copy(copy, aid, message, pending)
+                continue
             prepared = prepare_dead_letter(
                 dead_letter_message(message, pending),
                 payload,
@@ -1147,6 +1254,7 @@ class ShardRuntime:
         m.set("nereus_messages", c.publishing, {"status": "publishing"})
         m.set("nereus_messages", c.uncertain, {"status": "uncertain"})
         m.set("nereus_open_obligations", c.attempts_publishing + c.attempts_unknown)
+        m.set("nereus_recovery_pending_attempts", len(self._recovering))
         m.set("nereus_dead_letters_pending", c.dead_letters_pending)
         m.set("nereus_applied_position", self.store.meta.position)
         width = tick.interval.width_ms
@@ -1174,6 +1282,10 @@ class ShardRuntime:
         if self.shard_log.pending():
             return 0.0
         max_s = self.config.idle_sleep_max_ms / 1000
+        settle_at_ms = self.settler.wake_at_ms()
+        if settle_at_ms is not None:
+            # A search waiting to start (a running one wakes the loop when it is done).
+            max_s = min(max_s, max(settle_at_ms - tick.now_ms, 1) / 1000)
         if not (self._recovered and self.shard_log.settled()):
             return max_s  # nothing to discover until the log catches up; wait() wakes early
         if tick.interval.earliest_ms <= -(2**61):
@@ -1223,6 +1335,11 @@ def _describe_metrics(m: Metrics) -> None:
     m.describe("nereus_pending_sends", "gauge", "Admitted attempts waiting for their send.")
     m.describe("nereus_messages", "gauge", "Messages by status.")
     m.describe("nereus_open_obligations", "gauge", "Attempts PUBLISHING or UNKNOWN.")
+    m.describe(
+        "nereus_recovery_pending_attempts",
+        "gauge",
+        "Attempts open at the last restart or takeover whose evidence search has not settled.",
+    )
     m.describe(
         "nereus_dead_letters_pending", "gauge", "Dead-letter copies owed and not yet recorded."
     )

@@ -57,7 +57,9 @@ def summary(figures: Counter[str], seconds: float) -> str:
         f" dlq_duplicate_reports={figures['code_dead_letter_not_pending']}"
         f" dlq_copies_of_superseded={figures['dlq_copies_of_superseded']}"
         f" dlq_owed_at_crash={figures['dlq_owed_at_crash']}",
-        f"open_unknown={figures['open_unknown_attempts']}",
+        f"open_unknown={figures['open_unknown_attempts']}"
+        f" proven_absent={figures['proven_absent']}"
+        f" proof_refused={figures['code_outcome_proof_invalid']}",
         f"log_entries={figures['log_entries']}",
     ]
     return "sim: " + " | ".join(parts)

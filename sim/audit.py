@@ -253,6 +253,8 @@ def _outcome(record: PublishOutcome, pos: int, a: Audit) -> None:
             a.fail(f"attempt {record.attempt_id}: PUBLISHED without the broker's evidence")
     elif isinstance(result, NotPublished) and writes:
         a.fail(f"attempt {record.attempt_id}: NOT_PUBLISHED but the broker holds it")
+    if isinstance(result, NotPublished) and result.proof is not None:
+        a.figures["proven_absent"] += 1
 
 
 def _copy_recorded(record: DeadLetterWritten, pos: int, a: Audit) -> None:

@@ -24,7 +24,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published, Unknown
-from runtime.destination import H_ATTEMPT_ID, PublishResult, Send, SendResult
+from runtime.destination import (
+    H_ATTEMPT_ID,
+    Fence,
+    FinishedSearch,
+    Lookup,
+    PublishResult,
+    Search,
+    SearchOutcome,
+    Send,
+    SendResult,
+)
 from sim.checks import send_problem
 from sim.clock import SimClock
 from sim.crash import Faults
@@ -114,6 +124,9 @@ class FaultProfile:
     slow_rate: float  # probability that a result is acknowledged late
     duplicate_rate: float  # probability that a result is reported twice
     find_miss_rate: float  # probability that an evidence lookup misses a present record
+    # Whether every incarnation's producer can be fenced: a restarted one then proves the
+    # absence of what a complete search does not find (a dead incarnation writes nothing).
+    fenced: bool = False
     calm: bool = False  # the settled phase: every send succeeds, find never misses
 
     @classmethod
@@ -123,6 +136,7 @@ class FaultProfile:
             slow_rate=rng.choice((0.0, 0.1, 0.3)),
             duplicate_rate=rng.choice((0.0, 0.05, 0.2)),
             find_miss_rate=rng.choice((0.0, 0.2, 0.5)),
+            fenced=rng.random() < 0.5,
         )
 
 
@@ -154,6 +168,12 @@ class SimDestination:
         self.trace = trace
         self._inflight: list[tuple[int, int, SendResult]] = []  # (release ms, order, result)
         self._order = 0
+        self.fence_id: str | None = "sim-producer" if profile.fenced else None
+        # Made when the incarnation starts: every earlier one is dead, so fenced.
+        self._fence = Fence("sim-producer", clock.true_ms) if profile.fenced else None
+
+    def open(self, store_id: str) -> None:
+        pass
 
     def max_record_bytes(self, topic: str) -> int:
         return MAX_RECORD_BYTES
@@ -228,17 +248,24 @@ class SimDestination:
     def pending(self) -> int:
         return len(self._inflight)
 
-    def find(self, attempt_id: str, topic: str, since_ms: int) -> Evidence | None:
-        self.stats["find_calls"] += 1
-        evidence = self.broker.evidence(attempt_id)
-        if (
-            evidence is not None
-            and not self.profile.calm
-            and self.rng.random() < self.profile.find_miss_rate
-        ):
-            self.stats["fault_find_miss"] += 1
-            return None
-        return evidence
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
+        """In the chaotic phase a search may miss a present record (and is then incomplete,
+        as a real one that hit a bound would be); in the settled phase it finds everything."""
+        self.stats["search_calls"] += 1
+        found: dict[str, Evidence] = {}
+        complete = True
+        for lookup in lookups:
+            self.stats["search_lookups"] += 1
+            evidence = self.broker.evidence(lookup.attempt_id)
+            if evidence is None:
+                continue
+            if not self.profile.calm and self.rng.random() < self.profile.find_miss_rate:
+                self.stats["fault_find_miss"] += 1
+                complete = False
+                continue
+            found[lookup.attempt_id] = evidence
+        outcome = SearchOutcome(found, complete=complete, fence=self._fence, searched="sim broker")
+        return FinishedSearch(outcome)
 
     def close(self) -> None:
         self._inflight = []

@@ -325,7 +325,14 @@ class Audit:
         return None
 
 
-def audit(bootstrap: str, topics: Topics, shards: int, dest_partitions: int) -> Audit:
+def audit(
+    bootstrap: str,
+    topics: Topics,
+    shards: int,
+    dest_partitions: int,
+    *,
+    destination_bootstrap: str | None = None,
+) -> Audit:
     config = KernelConfig()
     logs = {p: read_shard_log(bootstrap, topics.commands, p) for p in range(shards)}
     states: dict[int, MemoryStore] = {}
@@ -333,7 +340,9 @@ def audit(bootstrap: str, topics: Topics, shards: int, dest_partitions: int) -> 
     for p, logged in logs.items():
         store, result = replay([x.entry for x in logged], config)
         states[p], digests[p] = store, result.digest
-    records = read_destination(bootstrap, topics.destination, dest_partitions)
+    records = read_destination(
+        destination_bootstrap or bootstrap, topics.destination, dest_partitions
+    )
     a = Audit(logs, states, digests, records)
     for r in records:
         a.by_message.setdefault(r.message_id, []).append(r)

@@ -228,7 +228,8 @@ def test_a_failed_or_unknown_write_is_written_again_after_a_backoff(tmp_path: Pa
     h.tick()
     assert dest.dlq_writes == 2, "written again before the doubled backoff"
     h.clock.advance(1)
-    h.tick()  # looks first (absent: the write never landed), write 3: ok
+    h.tick()  # the look first, in an evidence search
+    h.tick()  # absent (the write never landed): write 3, ok
     assert dest.dlq_writes == 3
     h.tick()
     _assert_copy_recorded(h)

@@ -27,13 +27,8 @@ topic back (read_committed, LogAppendTime) and the shard's ledger and log:
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +38,7 @@ from confluent_kafka.admin import AdminClient
 
 from adapters.clock import SystemClock
 from adapters.embedded import Nereus, schedule_record, to_result
-from adapters.kafka_destination import KafkaDestination, KafkaDestinationConfig
+from adapters.kafka_destination import Delivery, KafkaDestination, KafkaDestinationConfig
 from kernel.keys import message_id
 from kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from kernel.records import NotPublished, Published, PublishOutcome, Unknown
@@ -52,113 +47,13 @@ from runtime.shard import ShardRuntime
 from storage.store import ShardStore
 from tests.kafka_cluster import DestRecord, read_destination
 from tests.kafka_env import create_topic, unique_topic
+from tests.own_broker import Broker, own_broker_fixture
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "kafka"
+own_broker = own_broker_fixture("kafka-restart")
 QUEUE = "reminders"
 PARTITIONS = 2
 FIRST_WAVE = 60
 SECOND_WAVE = 10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
-@dataclass
-class Broker:
-    bootstrap: str
-    state: Path
-    env: dict[str, str]
-
-    @property
-    def pidfile(self) -> Path:
-        return self.state / "kafka.pid"
-
-    def script(self, command: str) -> None:
-        subprocess.run([str(SCRIPT), command], env=self.env, check=True, timeout=180)
-
-    def pid(self) -> int:
-        return int(self.pidfile.read_text().strip())
-
-    def stop_keeping_data(self, timeout_s: float = 30.0) -> list[str]:
-        """SIGTERM the broker and wait until it is gone; returns its command line."""
-        pid = self.pid()
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if Path(f"/proc/{pid}").exists():
-            os.kill(pid, signal.SIGKILL)
-            while Path(f"/proc/{pid}").exists():
-                time.sleep(0.05)
-        assert (self.state / "data").is_dir(), "the broker's data did not survive its stop"
-        return argv
-
-    def restart(self, argv: list[str], timeout_s: float = 60.0) -> None:
-        """Run the broker again from the same command line and data, as scripts/kafka would
-        without reformatting, and wait until it serves metadata."""
-        # Detached like scripts/kafka does it (setsid, pid file written by the wrapper), so
-        # the broker is not this process's child: a child would linger as a zombie after
-        # `scripts/kafka stop` kills it, and the script would wait for it forever.
-        self.pidfile.unlink()
-        with open(self.state / "stdout-restart.log", "wb") as out:
-            subprocess.run(
-                [
-                    "setsid",
-                    "-f",
-                    "bash",
-                    "-c",
-                    'echo $$ >"$0"; exec "$@"',
-                    str(self.pidfile),
-                    *argv,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                check=True,
-                timeout=10,
-            )
-        deadline = time.monotonic() + 5
-        while not self.pidfile.exists() or not self.pidfile.read_text().strip():
-            assert time.monotonic() < deadline, "the restarted broker wrote no pid"
-            time.sleep(0.05)
-        pid = self.pid()
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert Path(f"/proc/{pid}").exists(), f"the restarted broker exited ({self.state})"
-            try:
-                md = admin.list_topics(timeout=2)
-                if md.brokers and md.controller_id is not None and md.controller_id >= 0:
-                    return
-            except KafkaException:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"the restarted broker did not serve within {timeout_s} s")
-
-
-@pytest.fixture(scope="module")
-def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    port, controller = free_port(), free_port()
-    state = tmp_path_factory.mktemp("kafka-restart") / "broker"
-    env = dict(os.environ)
-    env.update(
-        NEREUS_KAFKA_PORT=str(port),
-        NEREUS_KAFKA_CONTROLLER_PORT=str(controller),
-        NEREUS_KAFKA_DIR=str(state),
-        NEREUS_KAFKA_STOP_TIMEOUT="10",
-    )
-    broker = Broker(f"127.0.0.1:{port}", state, env)
-    try:
-        broker.script("start")
-        yield broker
-    finally:
-        broker.script("stop")
 
 
 def _wait_ready(broker: Broker, topic: str) -> None:
@@ -224,7 +119,10 @@ def settled(ledger: Ledger, mids: list[str]) -> bool:
     return True
 
 
-def test_broker_stop_and_restart_mid_fire(own_broker: Broker, tmp_path: Path) -> None:
+@pytest.mark.parametrize("delivery", ["transactional", "idempotent"])
+def test_broker_stop_and_restart_mid_fire(
+    own_broker: Broker, tmp_path: Path, delivery: Delivery
+) -> None:
     t_start = time.monotonic()
     bootstrap = own_broker.bootstrap
     topic = create_topic(
@@ -237,10 +135,9 @@ def test_broker_stop_and_restart_mid_fire(own_broker: Broker, tmp_path: Path) ->
         KafkaDestinationConfig(
             bootstrap=bootstrap,
             topics={QUEUE: topic},
+            delivery=delivery,
             message_timeout_ms=3000,
-            # find() runs on the shard loop, one obligation after another; with the broker
-            # down each call waits this long, so keep it short or a reconcile pass over the
-            # outage's UNKNOWN attempts holds the loop (and its intake) for minutes.
+            commit_timeout_s=5.0,
             admin_timeout_s=0.5,
             client_config={"log_level": 0},
         )
@@ -360,6 +257,13 @@ def test_broker_stop_and_restart_mid_fire(own_broker: Broker, tmp_path: Path) ->
     # records produced while the broker was down came back as failures, not successes.
     classes = Counter(type(o.result).__name__ for outs in ledger.outcomes.values() for o in outs)
     assert classes["Unknown"] + classes["NotPublished"] > 0, (classes, outage_s)
+    if delivery == "transactional":
+        # Every transaction of the outage was aborted or settled by the fence: never
+        # UNKNOWN, so never a duplicate, and every timer delivered.
+        assert classes["Unknown"] == 0, classes
+        assert all(len(rs) == 1 for rs in by_message.values())
+        for mid in mids.values():
+            assert ledger.messages[mid].status == Status.DELIVERED, mid
     duplicates = sum(len(rs) - 1 for rs in by_message.values())
     print(
         f"\noutage {outage_s:.1f} s; outcomes {dict(classes)}; messages "

@@ -1,16 +1,19 @@
 """The Kafka destination against a real broker (scripts/kafka; NEREUS_KAFKA_BOOTSTRAP).
 
-Sends are published and read back with a plain consumer: key, value and every Nereus header
-arrive, and the evidence in the delivery report names the very record read back. `find`
-locates a published attempt by its header and answers None for one that is not there.
-Delivery failures come back in their true class: a record over the topic's
-max.message.bytes is NOT_PUBLISHED permanent, records refused only for their batch are
-retriable, an unknown topic (auto creation is off) is lane_unavailable, a full local queue
-is retriable, a broker that never answers gives UNKNOWN, and so does every record a producer
-held when it failed fatally. The error table itself is
+Both capabilities, transactional and idempotent, unless a test names one. Sends are
+published and read back with a plain read_committed consumer: key, value and every Nereus
+header arrive, and the evidence in the delivery report names the very record read back.
+`find` locates a published attempt by its header and answers None for one that is not
+there. Delivery failures come back in their true class: a record over the topic's
+max.message.bytes is NOT_PUBLISHED permanent, an unknown topic (auto creation is off) is
+lane_unavailable; with the idempotent producer, records refused only for their batch are
+retriable, a full local queue is retriable, a broker that never answers gives UNKNOWN, and
+so does every record a producer held when it failed fatally. The error table itself is
 checked on real `KafkaError` values. End to end, a `ShardRuntime` on a real LMDB store with
 the host clock publishes timers due in 0..1500 ms through this destination: each record
-arrives exactly once, never stamped (LogAppendTime) before its deliverAt.
+arrives exactly once, never stamped (LogAppendTime) before its deliverAt. The transactional
+capability's own cases (aborts, transactions in doubt, the fence) are in
+tests/test_kafka_transactions.py.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ from adapters.clock import SystemClock
 from adapters.embedded import Nereus
 from adapters.kafka_destination import (
     FRAMING_RESERVE_BYTES,
+    Delivery,
     KafkaDestination,
     KafkaDestinationConfig,
-    classify_error,
-    classify_produce_exception,
 )
+from adapters.kafka_outcomes import classify_error, classify_produce_exception
 from kernel.keys import message_id
 from kernel.records import NotPublished, Published, Unknown
 from runtime.destination import (
@@ -127,10 +130,19 @@ def consume_all(bootstrap: str, topic: str, count: int, timeout_s: float = 30.0)
         consumer.close()
 
 
-@pytest.fixture
-def destination(kafka_bootstrap: str) -> Iterator[KafkaDestination]:
-    dest = KafkaDestination(
-        KafkaDestinationConfig(bootstrap=kafka_bootstrap, metadata_propagation_ms=1000)
+def opened(config: KafkaDestinationConfig) -> KafkaDestination:
+    """A destination as the runtime would have it: opened for a store of its own."""
+    dest = KafkaDestination(config)
+    dest.open(uuid.uuid4().hex)
+    return dest
+
+
+@pytest.fixture(params=["transactional", "idempotent"])
+def destination(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[KafkaDestination]:
+    dest = opened(
+        KafkaDestinationConfig(
+            bootstrap=kafka_bootstrap, metadata_propagation_ms=1000, delivery=request.param
+        )
     )
     yield dest
     dest.close()
@@ -233,7 +245,9 @@ def test_records_refused_only_for_their_batch_are_retriable(kafka_bootstrap: str
     topic = create_topic(
         kafka_bootstrap, unique_topic("batch"), config={"max.message.bytes": str(limit)}
     )
-    dest = KafkaDestination(KafkaDestinationConfig(bootstrap=kafka_bootstrap, linger_ms=200))
+    dest = KafkaDestination(
+        KafkaDestinationConfig(bootstrap=kafka_bootstrap, linger_ms=200, delivery="idempotent")
+    )
     try:
         assert dest.max_record_bytes(topic) > 2500  # also caches the limit for submit
         sends = [make_send(topic, value=b"y" * 2500) for _ in range(2)]
@@ -272,6 +286,7 @@ def test_unreachable_broker_gives_unknown_and_a_full_queue_gives_retriable() -> 
     dest = KafkaDestination(
         KafkaDestinationConfig(
             bootstrap=f"127.0.0.1:{closed_port()}",
+            delivery="idempotent",
             message_timeout_ms=1500,
             admin_timeout_s=1.0,
             client_config={"log_level": 0},
@@ -298,6 +313,7 @@ def test_a_fatal_producer_error_leaves_its_records_unknown_and_a_fresh_producer(
     dest = KafkaDestination(
         KafkaDestinationConfig(
             bootstrap=f"127.0.0.1:{closed_port()}",
+            delivery="idempotent",
             message_timeout_ms=1500,
             client_config={"log_level": 0},
         )
@@ -364,13 +380,14 @@ def test_error_table_on_real_kafka_errors() -> None:
 # End to end ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("delivery", ["transactional", "idempotent"])
 def test_shard_runtime_publishes_each_timer_once_never_early(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, delivery: Delivery
 ) -> None:
     topic = create_topic(kafka_bootstrap, unique_topic("e2e"), partitions=2, config=LOG_APPEND)
     queue = "reminders"
     dest = KafkaDestination(
-        KafkaDestinationConfig(bootstrap=kafka_bootstrap, topics={queue: topic})
+        KafkaDestinationConfig(bootstrap=kafka_bootstrap, topics={queue: topic}, delivery=delivery)
     )
     store = ShardStore.open(str(tmp_path / "shard"))
     runtime = ShardRuntime(store, dest, SystemClock(assumed_error_ms=2))

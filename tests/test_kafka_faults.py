@@ -3,11 +3,13 @@
 An embedded shard publishes to a Kafka topic while a steady stream of timers falls due; the
 topic is deleted (the broker runs with auto-create off, as production brokers should), stays
 gone for a while, and is created again. While it is gone every send must come back as the
-truth: NOT_PUBLISHED with the lane-unavailable disposition (the topic is definitely not
-there) or UNKNOWN (the record was in flight when the topic went), never PUBLISHED. Once the
-topic is back the paused lane resumes and every timer is delivered into the new topic: once
-per generation unless an UNKNOWN attempt stands behind it, never before deliverAt (broker
-timestamps), and every PUBLISHED attempt's evidence names a record that really is there.
+truth, never PUBLISHED: with the idempotent producer NOT_PUBLISHED with the lane-unavailable
+disposition (the topic is definitely not there) or UNKNOWN (the record was in flight when the
+topic went); with the transactional one NOT_PUBLISHED (its transaction was aborted), never
+UNKNOWN. Once the topic is back every timer is delivered into the new topic: once per
+generation (with the idempotent producer, unless an UNKNOWN attempt stands behind it), never
+before deliverAt (broker timestamps), and every PUBLISHED attempt's evidence names a record
+that really is there.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from adapters.clock import SystemClock
 from adapters.embedded import Nereus
-from adapters.kafka_destination import KafkaDestination, KafkaDestinationConfig
+from adapters.kafka_destination import Delivery, KafkaDestination, KafkaDestinationConfig
 from kernel.keys import message_id
 from kernel.model import Attempt, AttemptStatus, Table
 from runtime.config import RuntimeConfig
@@ -60,11 +63,15 @@ def _recreate(bootstrap: str, topic: str) -> None:
             time.sleep(0.5)
 
 
-def test_destination_topic_deleted_mid_fire(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("delivery", ["transactional", "idempotent"])
+def test_destination_topic_deleted_mid_fire(
+    kafka_bootstrap: str, tmp_path: Path, delivery: Delivery
+) -> None:
     topic = create_topic(kafka_bootstrap, unique_topic("gone"), partitions=1, config=LOG_APPEND)
     dest = KafkaDestination(
         KafkaDestinationConfig(
             bootstrap=kafka_bootstrap,
+            delivery=delivery,
             topics={QUEUE: topic},
             limits_ttl_s=0.5,
             # A record for a topic missing from the metadata fails after 1 s (default 5 s),
@@ -110,7 +117,15 @@ def test_destination_topic_deleted_mid_fire(kafka_bootstrap: str, tmp_path: Path
         for a in attempts
         if a.status is AttemptStatus.NOT_PUBLISHED and a.disposition == "lane_unavailable"
     ]
-    assert lane_unavailable, "no send met the missing topic"
+    if delivery == "idempotent":
+        assert lane_unavailable, "no send met the missing topic"
+    else:
+        # A transaction waits for a missing topic (up to message_timeout_ms) or is aborted:
+        # either way nothing is UNKNOWN, and what was sent while the topic was gone landed
+        # in the new one.
+        assert not any(a.status is AttemptStatus.UNKNOWN for a in attempts)
+        met_the_gap = [a for a in attempts if gone_at_ms <= a.admitted_at_ms < back_at_ms - 500]
+        assert met_the_gap, "no send met the missing topic"
     for r in records:
         headers = dict(r.headers())
         assert r.timestamp()[1] >= int(headers[H_DELIVER_AT]), "published before deliverAt"

@@ -235,8 +235,14 @@ def test_stopping_one_process_moves_its_shards_to_the_other(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     # A long destination linger keeps sends in flight, so the stop catches attempts that are
-    # PUBLISHING in the log: the new owner must resolve them by evidence.
-    topics, a, b = _pair(kafka_bootstrap, tmp_path, extra=("--destination-linger-ms", "400"))
+    # PUBLISHING in the log: the new owner must resolve them by evidence. (The idempotent
+    # capability: a transaction does not linger. The transactional hand-over is
+    # tests/test_kafka_recovery.py's.)
+    topics, a, b = _pair(
+        kafka_bootstrap,
+        tmp_path,
+        extra=("--destination-linger-ms", "400", "--delivery", "idempotent"),
+    )
     try:
         a_shards = a.active_shards()
         # Commands to shards the other process owns are answered through the replies topic.

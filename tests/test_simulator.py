@@ -5,18 +5,20 @@ faults, crashes and concurrent commands, and audits every promise at the end (se
 `sim.audit`). `NEREUS_SIM_SEEDS` (default 40) sets how many seeds run and
 `NEREUS_SIM_STEPS` (default 400) their length; a failure names its seed and prints
 `python -m sim --seed S --steps K`. The last tests prove the audit is not vacuous: a clock
-that lies beyond its bound, and a destination that hides a write, are both caught.
+that lies beyond its bound, a destination that hides a write, and a fence that "proves" a
+present record absent are all caught.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 import sim.destination as sim_destination
 from kernel.records import NotPublished
-from runtime.destination import SendResult
+from runtime.destination import FinishedSearch, Lookup, Search, SearchOutcome, SendResult
 from sim import SimFailure, World, run_seed
 from tests.runtime_harness import env_int
 
@@ -69,4 +71,32 @@ def test_a_destination_that_hides_a_write_is_caught(monkeypatch: pytest.MonkeyPa
     with pytest.raises(SimFailure) as caught:
         for seed in range(20):
             run_seed(seed, 300)
+    assert "NOT_PUBLISHED but the broker holds it" in caught.value.reason
+
+
+def test_a_fence_that_proves_a_present_record_absent_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fenced destination whose complete search misses a record it holds: the proof of
+    absence it hands recovery is a lie, and the audit finds the record the NOT_PUBLISHED
+    outcome denies. (Also shows the seeds reach recovery's proof of absence at all.)"""
+
+    honest = sim_destination.SimDestination.search
+    lied: set[int] = set()
+
+    def lying(
+        self: sim_destination.SimDestination,
+        lookups: Sequence[Lookup],
+        wake: Callable[[], None],
+    ) -> Search:
+        if self._fence is None or id(self) in lied:
+            return honest(self, lookups, wake)
+        lied.add(id(self))  # recovery's search, the first of the incarnation
+        outcome = SearchOutcome({}, complete=True, fence=self._fence, searched="nothing read")
+        return FinishedSearch(outcome)
+
+    monkeypatch.setattr(sim_destination.SimDestination, "search", lying)
+    with pytest.raises(SimFailure) as caught:
+        for seed in range(SEEDS):
+            run_seed(seed, STEPS)
     assert "NOT_PUBLISHED but the broker holds it" in caught.value.reason
