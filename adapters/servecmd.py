@@ -328,12 +328,15 @@ def tail(args: argparse.Namespace) -> int:
     printed = 0
     try:
         while True:
-            for record in dest.read(args.queue, offset):
+            batch = dest.read(args.queue, offset)
+            for record in batch:
                 print(json.dumps(record_json(record)), flush=True)
                 offset = record.offset + 1
                 printed += 1
                 if args.limit is not None and printed >= args.limit:
                     return 0
+            if batch:
+                continue  # a read returns a page: read on until the topic's end
             if not args.follow:
                 return 0
             time.sleep(0.1)
