@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -60,6 +61,13 @@ def register(sub: Any) -> None:
         "(without it, an unsynchronised host fires nothing)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--stop-timeout-s",
+        type=float,
+        default=30.0,
+        help="after SIGTERM/SIGINT, how long stopping may take before the process exits anyway "
+        "(nothing durable is lost: whatever was still in flight is settled by the next start)",
+    )
     k = p.add_argument_group("Kafka mode")
     k.add_argument("--kafka", metavar="BOOTSTRAP", help="run the Kafka-partitioned shard log")
     k.add_argument(
@@ -221,16 +229,13 @@ def serve(args: argparse.Namespace) -> int:
         data=os.path.abspath(args.data),
         applied_position=nereus.store.meta.position,
     )
-    try:
-        while not stop.wait(0.5):
-            if nereus.runtime.halted is not None:
-                log.error("halted", error=repr(nereus.runtime.halted))
-                return 1
-    finally:
-        server.stop()
-        nereus.close()
-        log.info("stopped")
-    return 0
+    code = 0
+    while not stop.wait(0.5):
+        if nereus.runtime.halted is not None:
+            log.error("halted", error=repr(nereus.runtime.halted))
+            code = 1
+            break
+    return _stop_within(args.stop_timeout_s, log, code, server.stop, nereus.close)
 
 
 def serve_kafka(
@@ -293,14 +298,29 @@ def serve_kafka(
         commands_topic=config.commands_topic,
         shards=service.shards,
     )
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
-        service.close()
-        log.info("stopped")
-    return 0
+    stop.wait()
+    return _stop_within(args.stop_timeout_s, log, 0, server.stop, service.close)
+
+
+def _stop_within(timeout_s: float, log: Logger, code: int, *steps: Callable[[], None]) -> int:
+    """Run the stopping steps, for at most `timeout_s`. A step still running then (a broker
+    that does not answer, say) is abandoned and the process exits at once with code 1: what
+    it held is durable or settled by the next start, never lost."""
+    started = time.monotonic()
+    done = threading.Event()
+
+    def run() -> None:
+        for step in steps:
+            step()
+        done.set()
+
+    threading.Thread(target=run, name="nereus-stop", daemon=True).start()
+    if done.wait(timeout_s):
+        log.info("stopped", took_ms=int((time.monotonic() - started) * 1000))
+        return code
+    log.error("stop_timeout", timeout_s=timeout_s, detail="exiting with work still running")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def record_json(r: LocalRecord) -> dict[str, Any]:

@@ -363,3 +363,45 @@ def test_rejoin_rebalances_while_clients_keep_scheduling(
         f"slowest {worst:.2f} s; {counts}"
     )
     assert worst < 10.0, slow
+
+
+def test_sigterm_during_recovery_stops_within_the_stop_timeout(
+    kafka_bootstrap: str, dest_broker: Broker, tmp_path: Path
+) -> None:
+    """Restarted while the destination still does not answer, the owner cannot fence its
+    predecessor, so its recovery cannot finish: SIGTERM must still stop it, by itself and in
+    time. Started again once the destination is back, it settles everything."""
+    topics = Topics.unique(_destination(dest_broker.bootstrap))
+    a = _proc("a", kafka_bootstrap, dest_broker, topics, tmp_path, "--stop-timeout-s", "20")
+    keys = _keys("s", TIMERS)
+    try:
+        a.start().wait_serving()
+        wait_until(lambda: a.active_shards() == set(range(SHARDS)), 60, "every shard active")
+        dest_broker.pause()
+        try:
+            _schedule(a, keys, delay_ms=1_000)
+            wait_until(lambda: _open_obligations(a) >= len(keys), 120, "every timer admitted")
+            a.kill()
+            a.start().wait_serving()
+
+            def recovering() -> bool:
+                started = [e for e in a.events() if e.get("event") == "recovery_started"]
+                return len(started) == SHARDS
+
+            wait_until(recovering, 60, "recovery started on every shard")
+            assert _open_obligations(a) >= len(keys)  # nothing could be settled
+            began = time.monotonic()
+            code = a.stop(timeout_s=60)
+            took_s = time.monotonic() - began
+        finally:
+            dest_broker.resume()
+        stopped = [e for e in a.events() if e.get("event") == "stopped"]
+        print(f"sigterm during recovery: stopped in {took_s:.2f} s (exit code {code})")
+        assert code == 0 and stopped, a.log_tail()
+        assert took_s < 20, took_s
+        a.start().wait_serving()
+        wait_until(_delivered([a], keys), 180, "every timer DELIVERED")
+    finally:
+        a.stop()
+    result = _audit(kafka_bootstrap, dest_broker, topics)
+    _check(result, keys, "transactional", "sigterm during recovery")
