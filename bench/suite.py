@@ -33,7 +33,15 @@ from bench.common import git_revision, machine, say
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # The disk-heavy memory bench (a 15 GB store at 10M) runs after the latency-sensitive ones.
-NAMES = ("kernel_apply", "overlays", "fire", "http_api", "storage_apply", "kafka_fire")
+NAMES = (
+    "kernel_apply",
+    "overlays",
+    "fire",
+    "http_api",
+    "storage_apply",
+    "kafka_fire",
+    "recovery",
+)
 SETTLE_S = 3.0
 # The table: the targets in the order of the performance issue, then the figures without one.
 ORDER = (
@@ -54,6 +62,11 @@ ORDER = (
     "kafka_lag",
     "http_1",
     "overlay",
+    "recovery_first",
+    "recovery_settled",
+    "recovery_unknown",
+    "recovery_first_idempotent",
+    "recovery_settled_idempotent",
 )
 
 
@@ -93,6 +106,7 @@ class Settings:
     kafka_timers: int
     kafka_rate: int
     kafka_seconds: float
+    recovery_inflight: list[int]
     overlay_keys: int
     out: str
     cpu: int
@@ -137,6 +151,7 @@ def settings(args: argparse.Namespace) -> Settings:
         kafka_timers=1_000 if q else 20_000,
         kafka_rate=500 if q else 1000,
         kafka_seconds=2.0 if q else 5.0,
+        recovery_inflight=[0, 512] if q else [0, 512, 2048, 5000],
         overlay_keys=20_000 if q else 200_000,
         out=out,
         cpu=max(os.sched_getaffinity(0)),
@@ -349,6 +364,46 @@ def _kafka_fire(s: Settings, figs: dict[str, Figure]) -> Any:
     return r
 
 
+def _recovery(s: Settings, figs: dict[str, Figure]) -> Any:
+    if not s.kafka_bootstrap:
+        for f in figs.values():
+            f.note = "NEREUS_KAFKA_BOOTSTRAP is not set (nor --kafka-bootstrap)"
+        raise Skipped("no broker")
+    from bench import recovery  # noqa: PLC0415  (late: see Bench)
+
+    r = recovery.run(s.kafka_bootstrap, s.recovery_inflight)
+    rows = {(x["delivery"], x["inflight_target"]): x for x in r["rows"]}
+    most = max(s.recovery_inflight)
+    for suffix, delivery in (("", "transactional"), ("_idempotent", "idempotent")):
+        row, base = rows[(delivery, most)], rows[(delivery, 0)]
+        sizes = ", ".join(
+            f"{n:,}: {rows[(delivery, n)]['first_new_delivery_s']} / "
+            f"{rows[(delivery, n)]['all_settled_s']} s"
+            for n in s.recovery_inflight
+        )
+        for fid, key, limit in (
+            ("first", "first_new_delivery_s", 5),
+            ("settled", "all_settled_s", 15),
+        ):
+            f = figs[f"recovery_{fid}{suffix}"]
+            f.value, f.baseline = row[key], base["first_new_delivery_s"]
+            f.ratio = round(f.value / f.baseline, 2) if f.baseline else None
+            f.title = f.title.replace("5,000", f"{most:,}")
+            if not suffix:
+                f.met = f.value <= limit if most == 5000 else None
+            f.note = (
+                f"{row['in_flight']:,} in flight: {row['found']:,} found, "
+                f"{row['proven_absent']:,} proven absent, {row['unknown']:,} UNKNOWN, "
+                f"{row['duplicates']} duplicates; first delivery / all settled by size: {sizes}"
+            )
+    f = figs["recovery_unknown"]
+    f.value = sum(x["unknown"] for x in r["rows"] if x["delivery"] == "transactional")
+    f.baseline = sum(x["unknown"] for x in r["rows"] if x["delivery"] == "idempotent")
+    f.met = f.value == 0
+    f.note = "every kill of the run; the baseline is the idempotent capability's"
+    return r
+
+
 class Skipped(Exception):
     pass
 
@@ -431,6 +486,28 @@ def declare() -> dict[str, tuple[Bench, list[Figure]]]:
                        "kafka_fire", "timers/s", "", baseline_unit="records/s",
                        baseline_what="the same raw produce"),
                 Figure("kafka_lag", "fire lag p99 through Kafka", "kafka_fire", "ms", ""),
+            ],
+        ),
+        "recovery": (
+            _recovery,
+            [
+                Figure("recovery_first", "restart to first new delivery, 5,000 in flight",
+                       "recovery", "s", "<= 5 s", baseline_unit="s",
+                       baseline_what="the same restart with nothing in flight"),
+                Figure("recovery_settled", "restart to all in-flight settled, 5,000 in flight",
+                       "recovery", "s", "<= 15 s", baseline_unit="s",
+                       baseline_what="first delivery of a restart with nothing in flight"),
+                Figure("recovery_unknown", "UNKNOWN outcomes after the kills, transactional",
+                       "recovery", "outcomes", "== 0", baseline_unit="outcomes",
+                       baseline_what="the same kills, idempotent capability"),
+                Figure("recovery_first_idempotent",
+                       "restart to first new delivery, 5,000 in flight, idempotent", "recovery",
+                       "s", "", baseline_unit="s",
+                       baseline_what="the same restart with nothing in flight"),
+                Figure("recovery_settled_idempotent",
+                       "restart to all in-flight settled, 5,000 in flight, idempotent",
+                       "recovery", "s", "", baseline_unit="s",
+                       baseline_what="first delivery of a restart with nothing in flight"),
             ],
         ),
     }  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,14 @@ from kernel.config import KernelConfig
 from kernel.digest import state_digest
 from kernel.keys import message_id
 from kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from kernel.records import LogEntry, PublishAdmission, PublishOutcome, Schedule, Unknown
+from kernel.records import (
+    LogEntry,
+    NotPublished,
+    PublishAdmission,
+    PublishOutcome,
+    Schedule,
+    Unknown,
+)
 from replay.fold import replay
 from runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_MESSAGE_ID, H_PRODUCER
 from storage.memory import MemoryStore
@@ -41,6 +49,7 @@ from storage.store import ShardStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TENANT = "default"
+_OPEN = re.compile(r'^nereus_open_obligations\{shard="(\d+)"\} (\d+)', re.MULTILINE)
 
 
 @dataclass
@@ -207,6 +216,33 @@ def schedule_op(key: str, delay_ms: int, queue: str = "reminders") -> dict[str, 
         "payload": base64.b64encode(f"payload-{key}".encode()).decode(),
         "partition": key[-1],
     }
+
+
+def metric_sum(proc: ServiceProc, name: str, **labels: str) -> float:
+    """A metric of the process's /metrics summed over its series (those with `labels`)."""
+    try:
+        with urllib.request.urlopen(proc.url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}(?:{{([^}}]*)}})? (\S+)$", text, re.MULTILINE):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def open_obligations(proc: ServiceProc) -> int:
+    """Attempts PUBLISHING or UNKNOWN over the process's shards."""
+    return int(metric_sum(proc, "nereus_open_obligations"))
+
+
+def schedule_many(proc: ServiceProc, keys: list[str], delay_ms: int, batch: int = 250) -> None:
+    for i in range(0, len(keys), batch):
+        ops = [schedule_op(k, delay_ms) for k in keys[i : i + batch]]
+        results = proc.schedule(ops)
+        assert all(r["status"] == "scheduled" for r in results), results
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
@@ -430,4 +466,62 @@ def check_stores_are_prefixes(a: Audit, data_dirs: list[Path], *, where: str) ->
 def schedules_in_log(a: Audit) -> int:
     return sum(
         1 for logged in a.logs.values() for x in logged if isinstance(x.entry.record, Schedule)
+    )
+
+
+@dataclass
+class RecoveryFigures:
+    in_flight: int  # attempts the killed owner admitted that another tenure settled
+    found: int
+    absent: int  # proven absent (NOT_PUBLISHED with a proof)
+    unknown: int
+    first_new_delivery_s: float  # from `since` to the first record a new tenure published
+    all_settled_s: float  # from `since` to the last outcome of a handed-over attempt
+
+    def line(self, what: str) -> str:
+        return (
+            f"{what}: {self.in_flight} attempts in flight at the kill; settled "
+            f"{self.found} found, {self.absent} proven absent, {self.unknown} UNKNOWN; first "
+            f"new delivery {self.first_new_delivery_s:.2f} s, all settled "
+            f"{self.all_settled_s:.2f} s after the restart"
+        )
+
+
+def recovery_figures(a: Audit, killed: set[str], since_ms: int) -> RecoveryFigures:
+    """What the audit says about the attempts the killed tenures left open."""
+    handed = [
+        att
+        for att, tenure in a.admitted_by.items()
+        if tenure in killed and a.resolved_by.get(att) not in killed
+    ]
+    found = absent = unknown = 0
+    last_ms = since_ms
+    for logged in a.logs.values():
+        for x in logged:
+            record = x.entry.record
+            if not isinstance(record, PublishOutcome) or record.attempt_id not in handed:
+                continue
+            if x.envelope.request_id.partition(":")[0] in killed:
+                continue
+            last_ms = max(last_ms, x.entry.persisted_at_ms)
+            if isinstance(record.result, Unknown):
+                unknown += 1
+            elif isinstance(record.result, NotPublished):
+                assert record.result.proof is not None, record
+                absent += 1
+            else:
+                found += 1
+    new = [
+        r.timestamp_ms
+        for r in a.records
+        if a.admitted_by.get(r.attempt_id) not in killed and r.timestamp_ms >= since_ms
+    ]
+    first_ms = min(new) if new else since_ms
+    return RecoveryFigures(
+        len(handed),
+        found,
+        absent,
+        unknown,
+        (first_ms - since_ms) / 1000,
+        (last_ms - since_ms) / 1000,
     )

@@ -31,18 +31,14 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import time
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from adapters.kafka_wire import shard_for
-from kernel.records import NotPublished, PublishOutcome, Unknown
 from tests import kafka_env
 from tests.kafka_cluster import (
     TENANT,
@@ -52,6 +48,9 @@ from tests.kafka_cluster import (
     audit,
     check_delivery,
     check_stores_are_prefixes,
+    open_obligations,
+    recovery_figures,
+    schedule_many,
     schedule_op,
     wait_until,
 )
@@ -63,28 +62,9 @@ SHARDS = 6  # a pair splits them 3 and 3: 2,500 in flight fit the per-lane claim
 DEST_PARTITIONS = 4
 TIMERS = int(os.environ.get("NEREUS_RECOVERY_TIMERS", "2500"))
 SEED = int(os.environ.get("NEREUS_RECOVERY_SEED", "1501"))
-BATCH = 250
-_METRIC = re.compile(r'^nereus_open_obligations\{shard="(\d+)"\} (\d+)', re.MULTILINE)
 
 
 dest_broker = own_broker_fixture("kafka-destination")
-
-
-def _open_obligations(proc: ServiceProc) -> int:
-    """Attempts PUBLISHING or UNKNOWN over the process's shards, from its /metrics."""
-    try:
-        with urllib.request.urlopen(proc.url + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return 0
-    return sum(int(m.group(2)) for m in _METRIC.finditer(text))
-
-
-def _schedule(proc: ServiceProc, keys: list[str], delay_ms: int) -> None:
-    for i in range(0, len(keys), BATCH):
-        ops = [schedule_op(k, delay_ms) for k in keys[i : i + BATCH]]
-        results = proc.schedule(ops)
-        assert all(r["status"] == "scheduled" for r in results), results
 
 
 def _keys(prefix: str, n: int, shards: set[int] | None = None) -> list[str]:
@@ -116,64 +96,6 @@ def _delivered(procs: list[ServiceProc], keys: list[str]) -> Callable[[], bool]:
     return check
 
 
-@dataclass
-class Figures:
-    in_flight: int  # attempts the killed owner admitted that another tenure settled
-    found: int
-    absent: int  # proven absent (NOT_PUBLISHED with a proof)
-    unknown: int
-    first_new_delivery_s: float  # from `since` to the first record a new tenure published
-    all_settled_s: float  # from `since` to the last outcome of a handed-over attempt
-
-    def line(self, what: str) -> str:
-        return (
-            f"{what}: {self.in_flight} attempts in flight at the kill; settled "
-            f"{self.found} found, {self.absent} proven absent, {self.unknown} UNKNOWN; first "
-            f"new delivery {self.first_new_delivery_s:.2f} s, all settled "
-            f"{self.all_settled_s:.2f} s after the restart"
-        )
-
-
-def _figures(a: Audit, killed: set[str], since_ms: int) -> Figures:
-    """What the audit says about the attempts the killed tenures left open."""
-    handed = [
-        att
-        for att, tenure in a.admitted_by.items()
-        if tenure in killed and a.resolved_by.get(att) not in killed
-    ]
-    found = absent = unknown = 0
-    last_ms = since_ms
-    for logged in a.logs.values():
-        for x in logged:
-            record = x.entry.record
-            if not isinstance(record, PublishOutcome) or record.attempt_id not in handed:
-                continue
-            if x.envelope.request_id.partition(":")[0] in killed:
-                continue
-            last_ms = max(last_ms, x.entry.persisted_at_ms)
-            if isinstance(record.result, Unknown):
-                unknown += 1
-            elif isinstance(record.result, NotPublished):
-                assert record.result.proof is not None, record
-                absent += 1
-            else:
-                found += 1
-    new = [
-        r.timestamp_ms
-        for r in a.records
-        if a.admitted_by.get(r.attempt_id) not in killed and r.timestamp_ms >= since_ms
-    ]
-    first_ms = min(new) if new else since_ms
-    return Figures(
-        len(handed),
-        found,
-        absent,
-        unknown,
-        (first_ms - since_ms) / 1000,
-        (last_ms - since_ms) / 1000,
-    )
-
-
 def _fire_and_kill(
     dest: Broker,
     owner: ServiceProc,
@@ -190,8 +112,8 @@ def _fire_and_kill(
     rng = random.Random(SEED)
     dest.pause()
     try:
-        _schedule(scheduler, keys, delay_ms=1_500)
-        wait_until(lambda: _open_obligations(owner) >= len(keys), 120, "every timer admitted")
+        schedule_many(scheduler, keys, delay_ms=1_500)
+        wait_until(lambda: open_obligations(owner) >= len(keys), 120, "every timer admitted")
         killed = set(owner.tenures())
         if not resume_first:
             owner.kill()
@@ -266,7 +188,7 @@ def test_kill_mid_fire_and_restart(
         restarted_ms = int(time.time() * 1000)
         a.start().wait_serving()
         # New timers, due at once: the restarted owner fires them while it settles.
-        _schedule(a, after, delay_ms=0)
+        schedule_many(a, after, delay_ms=0)
         wait_until(_delivered([a], keys + after), 180, "every timer DELIVERED")
     finally:
         a.stop()
@@ -274,7 +196,7 @@ def test_kill_mid_fire_and_restart(
     where = f"restart ({delivery})"
     counts = _check(result, keys + after, delivery, where)
     check_stores_are_prefixes(result, [a.data], where=where)
-    figures = _figures(result, killed, restarted_ms)
+    figures = recovery_figures(result, killed, restarted_ms)
     print(figures.line(where), counts)
     assert figures.in_flight >= min(TIMERS, 2_000), figures
     if delivery == "transactional":
@@ -296,7 +218,7 @@ def test_kill_and_takeover_by_the_other_process(
         killed_ms = int(time.time() * 1000)
         wait_until(lambda: b.active_shards() == set(range(SHARDS)), 60, "b owns every shard")
         taken_ms = int(time.time() * 1000)
-        _schedule(b, after, delay_ms=0)
+        schedule_many(b, after, delay_ms=0)
         wait_until(_delivered([b], keys + after), 180, "every timer DELIVERED")
     finally:
         a.kill()
@@ -304,7 +226,7 @@ def test_kill_and_takeover_by_the_other_process(
     result = _audit(kafka_bootstrap, dest_broker, topics)
     counts = _check(result, keys + after, "transactional", "takeover")
     check_stores_are_prefixes(result, [a.data, b.data], where="takeover")
-    figures = _figures(result, killed, taken_ms)
+    figures = recovery_figures(result, killed, taken_ms)
     print(
         figures.line("takeover"),
         f"(the group moved the shards {(taken_ms - killed_ms) / 1000:.1f} s after the kill)",
@@ -326,7 +248,7 @@ def test_rejoin_rebalances_while_clients_keep_scheduling(
         wait_until(lambda: b.active_shards() == set(range(SHARDS)), 60, "b owns every shard")
         # A steady fire across every shard while a comes back and takes its share.
         first = _keys("w", TIMERS)
-        _schedule(b, first, delay_ms=2_000)
+        schedule_many(b, first, delay_ms=2_000)
         keys.extend(first)
         a.start().wait_serving()
         deadline = time.monotonic() + 20
@@ -379,8 +301,8 @@ def test_sigterm_during_recovery_stops_within_the_stop_timeout(
         wait_until(lambda: a.active_shards() == set(range(SHARDS)), 60, "every shard active")
         dest_broker.pause()
         try:
-            _schedule(a, keys, delay_ms=1_000)
-            wait_until(lambda: _open_obligations(a) >= len(keys), 120, "every timer admitted")
+            schedule_many(a, keys, delay_ms=1_000)
+            wait_until(lambda: open_obligations(a) >= len(keys), 120, "every timer admitted")
             a.kill()
             a.start().wait_serving()
 
@@ -389,7 +311,7 @@ def test_sigterm_during_recovery_stops_within_the_stop_timeout(
                 return len(started) == SHARDS
 
             wait_until(recovering, 60, "recovery started on every shard")
-            assert _open_obligations(a) >= len(keys)  # nothing could be settled
+            assert open_obligations(a) >= len(keys)  # nothing could be settled
             began = time.monotonic()
             code = a.stop(timeout_s=60)
             took_s = time.monotonic() - began
