@@ -33,7 +33,6 @@ LOG_INFO_KEY = b"log_info"
 LOG_SOURCE_KEY = b"log_source"
 
 
-
 def _rows_unchanged(_txn: Any) -> None:
     """A step whose new fields are optional: old rows decode with their defaults."""
 

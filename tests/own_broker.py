@@ -9,6 +9,7 @@ that stops answering without closing a connection).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -139,8 +140,6 @@ def _run_broker(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator
         yield broker
     finally:
         if broker.pidfile.exists():
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError):
                 broker.resume()  # a paused broker cannot hear the stop
-            except (ProcessLookupError, ValueError):
-                pass
         broker.script("stop")

@@ -269,12 +269,20 @@ def on_admitted(make: Callable[[Shard, str], k.Record], record: k.Schedule | Non
     return on_results((), make, record)
 
 
-def on_fenced(make: Callable[[Shard, str], k.Record], fence_id: str = FENCE) -> Build:
-    """Schedule and admit with a producer fenced under `fence_id`, then build."""
+def on_fenced(
+    make: Callable[[Shard, str], k.Record],
+    results: tuple[PublishResult, ...] = (),
+    fence_id: str = FENCE,
+) -> Build:
+    """Schedule, admit with a producer fenced under `fence_id`, record `results`, then
+    build with the attempt id."""
 
     def build(s: Shard) -> k.Record:
         scheduled(s)
-        return make(s, s.admit(fence_id=fence_id))
+        aid = s.admit(fence_id=fence_id)
+        for result in results:
+            ok(s.apply(s.outcome(aid, result)))
+        return make(s, aid)
 
     return build
 
@@ -1360,8 +1368,7 @@ ROWS: tuple[Row, ...] = (
                schedule(txn="txn-2")),
       C.OUTCOME_ABSENCE_NOT_EVIDENCE),
     R("a proof of absence for an unknown attempt",
-      on_fenced(lambda s, aid: (ok(s.apply(s.outcome(aid, unknown()))), s.outcome(aid,
-                proven_absent()))[1]),
+      on_fenced(lambda s, aid: s.outcome(aid, proven_absent()), (unknown(),)),
       C.OUTCOME_ABSENCE_NOT_EVIDENCE),
     R("a proof of absence for a producer that cannot be fenced",
       on_admitted(lambda s, aid: s.outcome(aid, proven_absent())), C.OUTCOME_PROOF_INVALID),
@@ -1369,8 +1376,7 @@ ROWS: tuple[Row, ...] = (
       on_fenced(lambda s, aid: s.outcome(aid, proven_absent("nereus-dest.other"))),
       C.OUTCOME_PROOF_INVALID),
     R("a proof of absence after the attempt was published",
-      on_fenced(lambda s, aid: (ok(s.apply(s.outcome(aid, published()))), s.outcome(aid,
-                proven_absent()))[1]),
+      on_fenced(lambda s, aid: s.outcome(aid, proven_absent()), (published(),)),
       C.OUTCOME_ALREADY_RECORDED),
     # Rejected: dead-letter copies.
     R("the copy recorded twice", dead_lettered(copy_written(), last=copy_written(offset=1)),
