@@ -1,7 +1,7 @@
 """The HTTP timer API beside the library API: schedule operations per second, same run.
 
 One embedded `Nereus` (fresh directory, runtime started) and its HTTP server
-(`adapters.http_api.HttpServer` over `TimerApi`) started in this process on loopback, port 0,
+(`adapters.http.server.HttpServer` over `TimerApi`) started in this process on loopback, port 0,
 without a configuration (one tenant, no credentials). One keep-alive `http.client`
 connection. Four ways to schedule timers (delay 1 h, so nothing fires meanwhile):
 
@@ -76,7 +76,8 @@ def _check_http(answers: list[Any], per_body: int) -> None:
 
 
 def run(calls: int, batches: int, rounds: int) -> dict[str, Any]:
-    from adapters.http_api import HttpServer, TimerApi  # noqa: PLC0415  (may be mid-edit)
+    from adapters.http.api import TimerApi  # noqa: PLC0415  (may be mid-edit)
+    from adapters.http.server import HttpServer  # noqa: PLC0415
 
     spent = {"library_1": 0.0, "library_256": 0.0, "http_1": 0.0, "http_256": 0.0}
     done = dict.fromkeys(spent, 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.http_contract import (
+from adapters.http.contract import (
     COMMON_ERRORS,
     ERROR_CODES,
     ERROR_STATUS,
