@@ -16,7 +16,15 @@ every answer is checked afterwards (200, every result `scheduled`). The four alt
 rounds so drift in the machine's load touches all of them. Ratios: HTTP 256 / library 256
 and HTTP 1 / library one per call.
 
-    .venv/bin/python -m bench.http_api [--calls 600] [--batches 60] [--rounds 3]
+Then two concurrent loads on the same server, from a client process of its own
+(`bench.http_load`, so the client does not share the server's interpreter lock):
+
+5. batch-1 POSTs from 64 keep-alive connections for a few seconds: requests/s and the
+   latency percentiles (each request from its write to its whole answer);
+6. 500 connections opened at once, one batch-1 POST each: how many were answered (the old
+   thread-per-connection server with its backlog of 5 left 348 of 500 unanswered).
+
+    .venv/bin/python -m bench.http_api [--calls 600] [--batches 60] [--rounds 3] [--seconds 5]
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import base64
 import http.client
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,7 +84,15 @@ def _check_http(answers: list[Any], per_body: int) -> None:
             raise RuntimeError(f"unexpected results: {bad[:3] or len(results)}")
 
 
-def run(calls: int, batches: int, rounds: int) -> dict[str, Any]:
+def _load(port: int, clients: int, seconds: float, fresh: bool) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.http_load", "--port", str(port)]
+    cmd += ["--clients", str(clients), "--seconds", str(seconds)] + (["--fresh"] if fresh else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def run(calls: int, batches: int, rounds: int, seconds: float = 5.0) -> dict[str, Any]:
     from adapters.http.api import TimerApi  # noqa: PLC0415  (may be mid-edit)
     from adapters.http.server import HttpServer  # noqa: PLC0415
 
@@ -133,6 +150,8 @@ def run(calls: int, batches: int, rounds: int) -> dict[str, Any]:
                 done["http_256"] += per_round_batches * BATCH
                 _check_http(answers, BATCH)
                 progress.update(r + 1)
+            keep_alive = _load(server.port, 64, seconds, fresh=False)
+            burst = _load(server.port, 500, seconds, fresh=True)
         finally:
             conn.close()
             server.stop()
@@ -148,6 +167,8 @@ def run(calls: int, batches: int, rounds: int) -> dict[str, Any]:
         "http_256_vs_library_256": round(rate["http_256"] / rate["library_256"], 4),
         "http_1_vs_library_1": round(rate["http_1"] / rate["library_1"], 4),
         "http_256_vs_library_1": round(rate["http_256"] / rate["library_1"], 4),
+        "keep_alive_64": keep_alive,
+        "connections_500": burst,
     }
 
 
@@ -156,14 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=600, help="single schedules per way")
     parser.add_argument("--batches", type=int, default=60, help="batches of 256 per way")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="of the 64-client load")
     parser.add_argument("--json", help="write results to this file")
     args = parser.parse_args(argv)
-    r = run(args.calls, args.batches, args.rounds)
+    r = run(args.calls, args.batches, args.rounds, args.seconds)
     print(
         f"library one per call {r['library_1_per_s']:>8,}/s   HTTP batch 1   "
         f"{r['http_1_per_s']:>8,}/s   ratio {r['http_1_vs_library_1']:.3f}\n"
         f"library batch 256    {r['library_256_per_s']:>8,}/s   HTTP batch 256 "
         f"{r['http_256_per_s']:>8,}/s   ratio {r['http_256_vs_library_256']:.3f}"
+    )
+    ka, burst = r["keep_alive_64"], r["connections_500"]
+    print(
+        f"64 keep-alive clients, batch 1: {ka['per_s']:,} requests/s, p50 {ka['p50_ms']} ms, "
+        f"p99 {ka['p99_ms']} ms\n"
+        f"500 connections at once: {burst['ok']} of {burst['clients']} answered 200 in "
+        f"{burst['elapsed_s']} s (p99 {burst['p99_ms']} ms)"
     )
     if args.json:
         with open(args.json, "w") as f:
