@@ -1,11 +1,13 @@
 """A load client for the HTTP bench, run in a process of its own so its work does not share
-the server's interpreter lock: many concurrent connections on one asyncio loop, each sending
-pre-encoded batch-1 POSTs, timing every request from its write to its whole answer.
+the server's interpreter lock (an HTTP client is another program): asyncio connections
+sending pre-encoded schedule POSTs, timing each request from its write to its whole answer.
 
-    python -m bench.http_load --port P --clients 64 --seconds 5            # keep-alive
-    python -m bench.http_load --port P --clients 500 --fresh                # one request each
+    python -m bench.http_load --port P --sequence 600 --batch 1   # one connection, in turn
+    python -m bench.http_load --port P --clients 64 --seconds 5   # 64 keep-alive connections
+    python -m bench.http_load --port P --clients 500 --fresh      # 500 connections at once
 
-Prints one JSON object: requests answered and refused, elapsed seconds, latency percentiles.
+Prints one JSON object: requests, answered 200, unanswered, elapsed seconds, rate and
+latency percentiles.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
+Outcome = tuple[float, int]  # (seconds, HTTP status; 0: no answer)
 
-def _request(key: str) -> bytes:
-    body = json.dumps(
-        {"operations": [{"op": "schedule", "queue": "load", "timerKey": key, "delayMs": 3_600_000}]}
-    ).encode()
+
+def request(key: str, batch: int = 1, payload: str = "") -> bytes:
+    ops = [
+        {"op": "schedule", "queue": "load", "timerKey": f"{key}-{i}", "delayMs": 3_600_000}
+        | ({"payload": payload} if payload else {})
+        for i in range(batch)
+    ]
+    body = json.dumps({"operations": ops}).encode()
     head = f"POST /api/v1/timers HTTP/1.1\r\nHost: b\r\nContent-Length: {len(body)}\r\n\r\n"
     return head.encode() + body
 
@@ -37,27 +45,26 @@ async def _answer(reader: asyncio.StreamReader) -> int:
     return status
 
 
-async def _keep_alive(port: int, client: int, until: float, out: list[tuple[float, int]]) -> None:
+async def _in_turn(port: int, bodies: Iterable[bytes], out: list[Outcome], until: float) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        i = 0
-        while time.perf_counter() < until:
-            request = _request(f"ka-{client}-{i}")
-            i += 1
+        for body in bodies:
+            if time.perf_counter() >= until:
+                return
             t = time.perf_counter()
-            writer.write(request)
+            writer.write(body)
             status = await _answer(reader)
             out.append((time.perf_counter() - t, status))
     finally:
         writer.close()
 
 
-async def _fresh(port: int, client: int, out: list[tuple[float, int]]) -> None:
+async def _fresh(port: int, body: bytes, out: list[Outcome]) -> None:
     t = time.perf_counter()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            writer.write(_request(f"fresh-{client}-{time.time_ns()}"))
+            writer.write(body)
             status = await asyncio.wait_for(_answer(reader), 30)
         finally:
             writer.close()
@@ -71,18 +78,34 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-async def run(port: int, clients: int, seconds: float, fresh: bool) -> dict[str, Any]:
-    out: list[tuple[float, int]] = []
-    started = time.perf_counter()
-    if fresh:
-        await asyncio.gather(*(_fresh(port, c, out) for c in range(clients)))
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: list[Outcome] = []
+    tag = f"{args.prefix}-{time.time_ns()}"
+    if args.sequence:
+        bodies = [request(f"{tag}-{i}", args.batch, args.payload) for i in range(args.sequence)]
+        started = time.perf_counter()
+        await _in_turn(args.port, bodies, out, float("inf"))
+    elif args.fresh:
+        bodies = [request(f"{tag}-{c}", args.batch, args.payload) for c in range(args.clients)]
+        started = time.perf_counter()
+        await asyncio.gather(*(_fresh(args.port, body, out) for body in bodies))
     else:
-        until = started + seconds
-        await asyncio.gather(*(_keep_alive(port, c, until, out) for c in range(clients)))
+        # Enough bodies for any rate this machine reaches; the clock stops each client.
+        per_client = 20_000
+        started = time.perf_counter()
+        until = started + args.seconds
+
+        def stream(c: int) -> Iterable[bytes]:
+            return (request(f"{tag}-{c}-{i}", args.batch, args.payload) for i in range(per_client))
+
+        await asyncio.gather(
+            *(_in_turn(args.port, stream(c), out, until) for c in range(args.clients))
+        )
     elapsed = time.perf_counter() - started
     latencies = [took for took, _ in out]
     return {
-        "clients": clients,
+        "clients": 1 if args.sequence else args.clients,
+        "batch": args.batch,
         "requests": len(out),
         "ok": sum(1 for _, status in out if status == 200),
         "unanswered": sum(1 for _, status in out if status == 0),
@@ -97,11 +120,15 @@ async def run(port: int, clients: int, seconds: float, fresh: bool) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--sequence", type=int, default=0, help="requests on one connection")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--fresh", action="store_true", help="one request per new connection")
+    p.add_argument("--batch", type=int, default=1, help="operations per request")
+    p.add_argument("--payload", default="", help="base64 payload of every operation")
+    p.add_argument("--prefix", default="load", help="timer key prefix")
     args = p.parse_args(argv)
-    print(json.dumps(asyncio.run(run(args.port, args.clients, args.seconds, args.fresh))))
+    print(json.dumps(asyncio.run(run(args))))
     return 0
 
 
