@@ -47,6 +47,8 @@ ORDER = (
     "lag_p50",
     "early",
     "http_256",
+    "http_64",
+    "http_500",
     "durable_1",
     "replay",
     "fire_throughput",

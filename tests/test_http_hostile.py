@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,12 +89,26 @@ def test_a_burst_of_concurrent_connections_is_answered_in_full(svc: Service) -> 
         finally:
             writer.close()
 
-    async def burst() -> list[int]:
-        return await asyncio.wait_for(
-            asyncio.gather(*(one(i) for i in range(CONNECTIONS))), timeout=60
-        )
+    threads: list[int] = []
 
+    async def count_threads() -> None:
+        while True:
+            threads.append(threading.active_count())
+            await asyncio.sleep(0.01)
+
+    async def burst() -> list[int]:
+        counter = asyncio.create_task(count_threads())
+        try:
+            return await asyncio.wait_for(
+                asyncio.gather(*(one(i) for i in range(CONNECTIONS))), timeout=60
+            )
+        finally:
+            counter.cancel()
+
+    before = threading.active_count()
     assert asyncio.run(burst()) == [200] * CONNECTIONS
+    # Requests wait for their commit as awaitables: no thread per connection or request.
+    assert max(threads) <= before + 2, (before, max(threads))
 
 
 def test_slowloris_connections_do_not_delay_others_and_are_dropped(svc: Service) -> None:
@@ -304,3 +319,24 @@ def test_a_reschedule_that_repeats_the_current_txn_is_refused(svc: Service) -> N
     # The same holds for a schedule that changes the timer under its current txn.
     changed = svc.post(schedule("txn-rule", 60_000, payload=b"other", txn="gen-2"))[0]
     assert (changed["status"], changed["code"]) == ("rejected", "txn_reused")
+
+
+def test_metrics_cover_requests_commits_and_the_process(svc: Service) -> None:
+    svc.post(schedule("metrics"))
+    text = svc.call("GET", "/metrics", token=None).body.decode()
+    for needle in (
+        'nereus_http_request_duration_seconds_bucket{route="POST /api/v1/timers",status="200",'
+        'le="0.001"}',
+        "nereus_http_request_duration_seconds_count{",
+        'nereus_commit_duration_seconds_bucket{le="0.001"}',
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_start_time_seconds ",
+        "nereus_build_info{",
+    ):
+        assert needle in text, needle
+    assert "# TYPE process_cpu_seconds_total counter" in text
+    (line,) = [x for x in text.splitlines() if x.startswith("process_start_time_seconds ")]
+    start = float(line.split()[1])
+    assert time.time() - 3600 < start <= time.time()
