@@ -4,6 +4,7 @@ One job per module, read from the socket up:
 
     server.py    HttpServer: uvicorn in a thread of its own, on a socket bound here
     protocol.py  the connection: h11, limits and timeouts, JSON answers to protocol errors
+    head.py      the checks on a request head (sizes, version, Content-Length), pure
     asgi.py      the ASGI application: a request in, the API's response out
     api.py       TimerApi: route, authenticate, authorize, then the route's handler
     routing.py   the route table (`contract.ROUTES`) matched once; strict path and query

@@ -20,12 +20,13 @@ Theory of operation, per connection, one phase at a time with one timer:
   `header_timeout_s` (else `408 request_timeout`). The head is bounded while it arrives:
   a request line longer than `max_request_line_bytes` is `414`, a header block over
   `max_header_bytes` or with more than `max_headers` lines is `431`.
-* **checks** on the complete head, in order: HTTP/1.0 or 1.1 (else `505`); Content-Length
-  exactly one run of digits, given once (h11 refuses signs, underscores and conflicting
-  values; a repeated or comma-listed one is refused here: a proxy that reads another value
-  would smuggle a request past it); no Transfer-Encoding (bodies need a length); the
-  declared length at most `max_body_bytes` (`413`, before a byte of the body is read); a
-  free slot for the connection and the request (`503 server_busy` with `Retry-After`).
+* **checks** on the complete head (`adapters.http.head`), in order: HTTP/1.0 or 1.1
+  (else `505`); Content-Length exactly one run of digits, given once (h11 refuses signs,
+  underscores and conflicting values; a repeated or comma-listed one is refused there: a
+  proxy that reads another value would smuggle a request past it); no Transfer-Encoding
+  (bodies need a length); the declared length at most `max_body_bytes` (`413`, before a
+  byte of the body is read); a free slot for the connection and the request (`503
+  server_busy` with `Retry-After`).
 * **body**: the declared body must arrive within `body_timeout_s` (else `408`). The app
   task starts at once and awaits the body through ASGI `receive`.
 * The app's response is written in one `write`; then the connection goes back to idle, or
@@ -49,11 +50,11 @@ from uvicorn.server import ServerState
 
 from adapters.http.contract import ERROR_STATUS, HttpLimits
 from adapters.http.errors import error_body
+from adapters.http.head import Refusal, check_head, classify, size_refusal
 from runtime.log import Logger
 
 # How long a refused connection's remaining input is read and dropped before closing.
 LINGER_S = 1.0
-_CONTENT_LENGTH = b"\ncontent-length:"
 
 
 class Shared:
@@ -71,13 +72,6 @@ class Shared:
         self.inflight = 0
         self.log = Logger().child("http")
         self.access = Logger().child("http.access") if access_log else None
-
-
-class _Refusal(Exception):
-    def __init__(self, code: str, message: str, headers: tuple[tuple[str, str], ...] = ()):
-        super().__init__(message)
-        self.code = code
-        self.headers = headers
 
 
 class _Cycle:
@@ -199,7 +193,7 @@ class NereusProtocol(asyncio.Protocol):
             self.head += data
             # Sizes first: h11 parses a complete head of any size, and would report some
             # other fault of an oversized one (a missing Host) instead of its size.
-            refusal = self._size_refusal()
+            refusal = size_refusal(self.head, self.limits)
             if refusal is not None:
                 self._refuse(refusal)
                 return
@@ -225,7 +219,7 @@ class NereusProtocol(asyncio.Protocol):
             try:
                 event = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
-                self._refuse(self._classify(exc))
+                self._refuse(classify(exc, self.head, self.limits))
                 return
             if event is h11.NEED_DATA:
                 return
@@ -237,7 +231,7 @@ class NereusProtocol(asyncio.Protocol):
             if isinstance(event, h11.Request):
                 try:
                     self._start(event)
-                except _Refusal as refusal:
+                except Refusal as refusal:
                     self._refuse(refusal)
                     return
             elif isinstance(event, h11.Data):
@@ -256,83 +250,12 @@ class NereusProtocol(asyncio.Protocol):
                     self.transport.close()
                 return
 
-    def _classify(self, exc: h11.RemoteProtocolError) -> _Refusal:
-        line_end = self.head.find(b"\r\n")
-        line = bytes(self.head if line_end < 0 else self.head[:line_end])
-        if exc.error_status_hint == 431:  # h11's buffer bound: say which part was too long
-            if line_end < 0 or line_end > self.limits.max_request_line_bytes:
-                return _Refusal("request_line_too_long", self._line_limit_text())
-            return _Refusal("headers_too_large", self._header_limit_text())
-        if any(b >= 0x80 for b in line):
-            return _Refusal(
-                "malformed_request",
-                "the request line holds raw non-ASCII bytes: percent-encode them",
-            )
-        return _Refusal("malformed_request", f"malformed request: {exc}")
-
-    def _size_refusal(self) -> _Refusal | None:
-        limits = self.limits
-        head = self.head
-        line_end = head.find(b"\r\n")
-        if (line_end if line_end >= 0 else len(head)) > limits.max_request_line_bytes:
-            return _Refusal("request_line_too_long", self._line_limit_text())
-        if line_end < 0:
-            return None
-        end = head.find(b"\r\n\r\n")
-        header_bytes = (end if end >= 0 else len(head)) - line_end - 2
-        if header_bytes > limits.max_header_bytes:
-            return _Refusal("headers_too_large", self._header_limit_text())
-        return None
-
-    def _line_limit_text(self) -> str:
-        return f"the request line is longer than {self.limits.max_request_line_bytes} bytes"
-
-    def _header_limit_text(self) -> str:
-        limits = self.limits
-        return f"headers: at most {limits.max_headers} lines, {limits.max_header_bytes} bytes"
-
-    def _check_head(self, event: h11.Request) -> int:
-        """The checks a complete head must pass; returns the declared body length."""
-        limits = self.limits
-        if event.http_version not in (b"1.1", b"1.0"):
-            raise _Refusal(
-                "http_version_not_supported",
-                f"HTTP/{event.http_version.decode()} is not served: use HTTP/1.1",
-            )
-        refusal = self._size_refusal()  # a pipelined head was not measured on arrival
-        if refusal is not None:
-            raise refusal
-        if len(event.headers) > limits.max_headers:
-            raise _Refusal("headers_too_large", self._header_limit_text())
-        end = self.head.find(b"\r\n\r\n")
-        head = bytes(self.head[: end if end >= 0 else len(self.head)])
-        length = 0
-        lowered = head.lower()
-        count = lowered.count(_CONTENT_LENGTH)
-        if count > 1:
-            raise _Refusal("malformed_request", "Content-Length is given more than once")
-        if count == 1:
-            at = lowered.index(_CONTENT_LENGTH) + len(_CONTENT_LENGTH)
-            end = lowered.find(b"\r\n", at)
-            value = lowered[at:] if end < 0 else lowered[at:end]
-            if b"," in value:
-                raise _Refusal("malformed_request", "Content-Length must be one count")
-            length = int(value.strip())
-        for name, _ in event.headers:
-            if name == b"transfer-encoding":
-                raise _Refusal(
-                    "malformed_request", "send the body with a Content-Length, not chunked"
-                )
-        if length > limits.max_body_bytes:
-            raise _Refusal("body_too_large", f"{length} bytes > {limits.max_body_bytes} accepted")
-        return length
-
     def _start(self, event: h11.Request) -> None:
         self._disarm()
-        length = self._check_head(event)
+        length = check_head(event, self.head, self.limits)
         shared = self.SHARED
         if self.over_capacity or shared.inflight >= self.limits.max_inflight:
-            raise _Refusal(
+            raise Refusal(
                 "server_busy",
                 "the server is at its connection or request limit: retry shortly",
                 (("Retry-After", "1"),),
@@ -377,7 +300,7 @@ class NereusProtocol(asyncio.Protocol):
         except Exception as exc:
             self.SHARED.log.error("http_app_failed", error=repr(exc))
             if self.cycle is cycle and not cycle.response_started and not cycle.disconnected:
-                self._refuse(_Refusal("internal_error", "internal error (logged)"))
+                self._refuse(Refusal("internal_error", "internal error (logged)"))
         finally:
             self.SHARED.inflight -= 1
 
@@ -469,7 +392,7 @@ class NereusProtocol(asyncio.Protocol):
 
     # Refusals and timers ------------------------------------------------------------------
 
-    def _refuse(self, refusal: _Refusal) -> None:
+    def _refuse(self, refusal: Refusal) -> None:
         """Answer with a JSON error (when no answer was started) and close lingering."""
         transport = self.transport
         cycle = self.cycle
@@ -530,7 +453,7 @@ class NereusProtocol(asyncio.Protocol):
         self.timer = None
         if self.phase == "head":
             self._refuse(
-                _Refusal(
+                Refusal(
                     "request_timeout",
                     f"the request line and headers took longer than "
                     f"{self.limits.header_timeout_s} s",
@@ -541,7 +464,7 @@ class NereusProtocol(asyncio.Protocol):
         self.timer = None
         if self.phase == "body":
             self._refuse(
-                _Refusal(
+                Refusal(
                     "request_timeout",
                     f"the declared body took longer than {self.limits.body_timeout_s} s",
                 )
