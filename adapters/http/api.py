@@ -183,8 +183,10 @@ class TimerApi:
         """The answer to one request; `raw_path` still percent-encoded, header names lower
         case. Never raises: a refusal is an error response, a bug is internal_error."""
         started = time.perf_counter()
+        found: routing.Match | None = None
         try:
-            response = await self._route(method, raw_path, query, body, headers)
+            found = routing.match(method, raw_path)
+            response = await self._route(found, query, body, headers)
         except ApiError as exc:
             response = error_response(exc.code, str(exc), exc.headers)
         except Exception as exc:  # a bug: answer, log, never blame the request
@@ -196,7 +198,8 @@ class TimerApi:
                 traceback=traceback.format_exc(),
             )
             response = error_response("internal_error", "internal error (logged)")
-        self.observe(routing.label(method, raw_path), response.status, started)
+        label = found.label if found is not None else routing.label(method, raw_path)
+        self.observe(label, response.status, started)
         return response
 
     def observe(self, route: str, status: int, started: float) -> None:
@@ -207,13 +210,12 @@ class TimerApi:
         metrics.observe(REQUEST_SECONDS, time.perf_counter() - started, labels, REQUEST_BUCKETS_S)
 
     async def _route(
-        self, method: str, raw_path: str, query: str, body: bytes, headers: Mapping[str, str]
+        self, found: routing.Match, query: str, body: bytes, headers: Mapping[str, str]
     ) -> Response:
-        found = routing.match(method, raw_path)
         route = found.route
         who = None if route.needs == "public" else self._authorize(headers, route)
         handler = self._handlers[(route.method, route.path)]
-        return await handler(who, Request(method, found.params, query, body, headers))
+        return await handler(who, Request(route.method, found.params, query, body, headers))
 
     def _authorize(self, headers: Mapping[str, str], route: Route) -> Principal:
         try:

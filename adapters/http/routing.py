@@ -64,6 +64,10 @@ class Match(NamedTuple):
     route: Route
     params: dict[str, str]
 
+    @property
+    def label(self) -> str:
+        return f"{self.route.method} {self.route.path}"
+
 
 def match(method: str, raw_path: str) -> Match:
     """The route of a request and its decoded path parameters, or ApiError (404, 405,
