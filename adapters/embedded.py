@@ -40,6 +40,7 @@ from runtime.destination import Destination
 from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics
 from runtime.shard import ShardRuntime
+from runtime.shardlog import EmbeddedLog
 from storage.schema import StoreOptions
 from storage.store import Appendable, ShardStore
 
@@ -229,8 +230,15 @@ class Nereus(TimerCommands):
                 )
             elif status.assumed:
                 log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
+            registry = metrics or Metrics()
             runtime = ShardRuntime(
-                store, dest, clk, config=runtime_config, metrics=metrics, logger=log
+                store,
+                dest,
+                clk,
+                config=runtime_config,
+                metrics=registry,
+                logger=log,
+                shard_log=EmbeddedLog(store, registry),
             )
         except BaseException:
             store.close()

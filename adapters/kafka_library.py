@@ -28,7 +28,7 @@ from typing import Any
 
 from adapters.clock import SystemClock
 from adapters.embedded import DEFAULT_TENANT, Peek, TimerCommands
-from adapters.http_api import ShardNotLocal
+from adapters.errors import ShardNotLocal
 from adapters.kafka_service import KafkaService, KafkaServiceConfig
 from kernel.config import KernelConfig
 from kernel.effects import EntryOutcome

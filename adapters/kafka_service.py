@@ -30,6 +30,8 @@ Theory of operation (decisions in `specs/kafka.md`):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -45,7 +47,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from adapters.embedded import DEFAULT_TENANT, Peek, peek_store
-from adapters.http_api import ShardNotLocal, Unavailable
+from adapters.errors import ShardNotLocal, Unavailable
 from adapters.kafka_destination import KafkaDestination, KafkaDestinationConfig
 from adapters.kafka_log import KafkaLog, KafkaLogConfig
 from adapters.kafka_wire import (
@@ -121,6 +123,26 @@ class _Waiter:
         self.event = threading.Event()
         self.outcome: EntryOutcome | None = None
         self.error: str | None = None
+        self._lock = threading.Lock()
+        self._callback: Callable[[], None] | None = None
+
+    def finish(self, outcome: EntryOutcome | None, error: str | None) -> None:
+        with self._lock:
+            if self.event.is_set():
+                return
+            self.outcome, self.error = outcome, error
+            self.event.set()
+            callback = self._callback
+        if callback is not None:
+            callback()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once finished (on the finishing thread), or at once if it is."""
+        with self._lock:
+            if not self.event.is_set():
+                self._callback = callback
+                return
+        callback()
 
 
 @dataclass
@@ -135,7 +157,7 @@ class _Shard:
 
 
 class KafkaService:
-    """A `adapters.http_api.TimerBackend` over the Kafka-partitioned shard log."""
+    """A `adapters.http.backend.TimerBackend` over the Kafka-partitioned shard log."""
 
     def __init__(
         self,
@@ -294,47 +316,70 @@ class KafkaService:
         """Produce each command to its shard and wait for every outcome. The commands of one
         call are independent records (several shards): a failure answers Unavailable
         though some may have been appended; retrying a schedule with its txn is safe."""
-        if not self._started or self._producer is None:
-            raise Unavailable("the Kafka service is not started")
         deadline = time.monotonic() + timeout_s
         ids: list[str] = []
         waiters: list[_Waiter] = []
         try:
-            for record, payload in items:
-                request_id = uuid.uuid4().hex
-                waiter = _Waiter()
-                with self._waiters_lock:
-                    self._waiters[request_id] = waiter
-                ids.append(request_id)
-                waiters.append(waiter)
-                envelope = Envelope(request_id, self.config.process_id, record, payload)
-                try:
-                    self._producer.produce(
-                        self.config.commands_topic,
-                        value=encode_envelope(envelope),
-                        partition=command_shard(record, self.shards),
-                        on_delivery=self._on_delivery(request_id),
-                    )
-                except BufferError as exc:
-                    raise Overloaded("the command producer's queue is full") from exc
-                except KafkaException as exc:
-                    raise Unavailable(f"cannot produce the command: {exc.args[0]}") from exc
-            outcomes: list[EntryOutcome] = []
+            self._produce(items, ids, waiters)
             for waiter in waiters:
                 if not waiter.event.wait(max(deadline - time.monotonic(), 0)):
-                    raise TimeoutError(
-                        "no outcome in time: the command's shard may have no owner right now "
-                        "(it may still be applied; a retry with the same txn is safe)"
-                    )
-                if waiter.error is not None:
-                    raise Unavailable(waiter.error)
-                assert waiter.outcome is not None
-                outcomes.append(waiter.outcome)
-            return outcomes
+                    raise TimeoutError(_NO_OUTCOME)
+            return _outcomes(waiters)
         finally:
+            self._forget(ids)
+
+    async def execute_async(
+        self, items: Sequence[Appendable], timeout_s: float
+    ) -> list[EntryOutcome]:
+        """`execute` for an event loop: the replies wake asyncio futures (the HTTP edge waits
+        on many commands at once without a thread each)."""
+        loop = asyncio.get_running_loop()
+        ids: list[str] = []
+        waiters: list[_Waiter] = []
+        try:
+            self._produce(items, ids, waiters)
+            futures: list[asyncio.Future[None]] = []
+            for waiter in waiters:
+                future: asyncio.Future[None] = loop.create_future()
+                waiter.on_done(_waker(loop, future))
+                futures.append(future)
+            try:
+                await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+            except TimeoutError:
+                raise TimeoutError(_NO_OUTCOME) from None
+            return _outcomes(waiters)
+        finally:
+            self._forget(ids)
+
+    def _produce(self, items: Sequence[Appendable], ids: list[str], waiters: list[_Waiter]) -> None:
+        """Produce each command, registering its waiter (in `ids`/`waiters` as it goes, so
+        the caller forgets them whatever happens)."""
+        if not self._started or self._producer is None:
+            raise Unavailable("the Kafka service is not started")
+        for record, payload in items:
+            request_id = uuid.uuid4().hex
+            waiter = _Waiter()
             with self._waiters_lock:
-                for request_id in ids:
-                    self._waiters.pop(request_id, None)
+                self._waiters[request_id] = waiter
+            ids.append(request_id)
+            waiters.append(waiter)
+            envelope = Envelope(request_id, self.config.process_id, record, payload)
+            try:
+                self._producer.produce(
+                    self.config.commands_topic,
+                    value=encode_envelope(envelope),
+                    partition=command_shard(record, self.shards),
+                    on_delivery=self._on_delivery(request_id),
+                )
+            except BufferError as exc:
+                raise Overloaded("the command producer's queue is full") from exc
+            except KafkaException as exc:
+                raise Unavailable(f"cannot produce the command: {exc.args[0]}") from exc
+
+    def _forget(self, ids: list[str]) -> None:
+        with self._waiters_lock:
+            for request_id in ids:
+                self._waiters.pop(request_id, None)
 
     def _on_delivery(self, request_id: str) -> Callable[[Any, Any], None]:
         def on_delivery(err: Any, _msg: Any) -> None:
@@ -348,10 +393,8 @@ class KafkaService:
     ) -> None:
         with self._waiters_lock:
             waiter = self._waiters.get(request_id)
-        if waiter is None or waiter.event.is_set():
-            return
-        waiter.outcome, waiter.error = outcome, error
-        waiter.event.set()
+        if waiter is not None:
+            waiter.finish(outcome, error)
 
     def _serve_producer(self) -> None:
         while not self._stop.is_set():
@@ -721,10 +764,38 @@ class KafkaService:
         with self._waiters_lock:
             waiters = list(self._waiters.values())
         for waiter in waiters:
-            if not waiter.event.is_set():
-                waiter.error = "the service is stopping"
-                waiter.event.set()
+            waiter.finish(None, "the service is stopping")
         self.log.info("kafka_service_stopped")
+
+
+_NO_OUTCOME = (
+    "no outcome in time: the command's shard may have no owner right now "
+    "(it may still be applied; a retry with the same txn is safe)"
+)
+
+
+def _outcomes(waiters: list[_Waiter]) -> list[EntryOutcome]:
+    outcomes: list[EntryOutcome] = []
+    for waiter in waiters:
+        if waiter.error is not None:
+            raise Unavailable(waiter.error)
+        assert waiter.outcome is not None
+        outcomes.append(waiter.outcome)
+    return outcomes
+
+
+def _waker(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> Callable[[], None]:
+    def wake() -> None:
+        # Runs on a Kafka client thread: never raise there, even once the loop is closed.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_resolve, future)
+
+    return wake
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _wait_for_leaders(admin: Any, topic: str, timeout_s: float) -> int:

@@ -31,13 +31,14 @@ from confluent_kafka import KafkaException
 
 from adapters.clock import SystemClock
 from adapters.embedded import Nereus
-from adapters.http_api import HttpServer, TimerApi
+from adapters.http.api import TimerApi
+from adapters.http.server import HttpServer
 from adapters.kafka_service import KafkaService, KafkaServiceConfig
 from adapters.local_destination import LocalDestination, LocalRecord
 from adapters.tenancy import ConfigError, Tenancy, load_tenancy
 from runtime import compiled
 from runtime.config import RuntimeConfig
-from runtime.log import Logger
+from runtime.log import Logger, configure_json_logging
 from storage.errors import StoreError
 
 
@@ -168,7 +169,9 @@ def _api(
         log.error("refused", detail=str(exc), config=exc.source, key=exc.key)
         return None
     try:
-        server = HttpServer(api, host, port)
+        server = HttpServer(
+            api, host, port, limits=tenancy.server, access_log=tenancy.server.access_log
+        )
     except OSError as exc:
         log.error("refused", detail=f"cannot listen on {host}:{port}: {exc}")
         return None
@@ -191,7 +194,8 @@ def _log_auth(tenancy: Tenancy, log: Logger) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    log = Logger(level=args.log_level)
+    configure_json_logging(level=args.log_level)
+    log = Logger()
     tenancy = _tenancy(args, log)
     if tenancy is None:
         return 2

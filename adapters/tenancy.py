@@ -28,18 +28,16 @@ import msgspec
 
 from adapters.crypto import Keyring
 from adapters.embedded import DEFAULT_TENANT
-from adapters.http_contract import (
-    DEFAULT_MAX_BODY_BYTES,
-    GRANTS,
-    MAX_PAYLOAD_CEILING_BYTES,
-    Grant,
-)
+from adapters.http.contract import GRANTS, MAX_PAYLOAD_CEILING_BYTES, Grant, HttpLimits
 from kernel.config import KernelConfig
 
 _T = TypeVar("_T")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # Names that become identity parts: the kernel's rules (non-empty, no NUL, no '/').
 _MAX_NAME_BYTES = 150
+# A burst of connects larger than the backlog is refused or retried by the kernel for
+# seconds; a burst of a thousand must be queued.
+_MIN_BACKLOG = 1024
 
 
 class ConfigError(Exception):
@@ -60,10 +58,13 @@ class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pass
 
 
-class ServerSection(_Strict, frozen=True):
+class ServerSection(HttpLimits, frozen=True, forbid_unknown_fields=True):
+    """`[server]`: where to listen, the HTTP limits (`HttpLimits`), the access log and the
+    operator block."""
+
     host: str = "127.0.0.1"
     port: int = 6632
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    access_log: bool = True
     blocked: bool = False
 
 
@@ -244,8 +245,11 @@ def _build(cfg: ConfigFile, source: str) -> Tenancy:
     server, cell = cfg.server, cfg.cell
     if not 0 <= server.port <= 65535:
         raise fail("server.port", f"{server.port} is not a TCP port")
-    if server.max_body_bytes < 1:
-        raise fail("server.max_body_bytes", "must be at least 1")
+    for name in HttpLimits.__struct_fields__:
+        if getattr(server, name) <= 0:
+            raise fail(f"server.{name}", "must be positive")
+    if server.backlog < _MIN_BACKLOG:
+        raise fail("server.backlog", f"must be at least {_MIN_BACKLOG}")
     if not server.host:
         raise fail("server.host", "must not be empty")
     if cell.horizon_ms is not None and cell.horizon_ms < 0:

@@ -32,6 +32,7 @@ class Code(StrEnum):
     # Rejected: verdicts a client must handle (HTTP `ok: false` statuses).
     TOO_LATE = "too_late"
     ABSENT = "absent"
+    TXN_REUSED = "txn_reused"
 
     # Rejected: log structure. These do not consume the position.
     POSITION_DUPLICATE = "position_duplicate"
@@ -118,6 +119,8 @@ CODE_DOCS: dict[Code, str] = {
     Code.SHARD_STATE_CHANGED: "The shard state was changed by an operator.",
     Code.TOO_LATE: "The current generation crossed Publish Admission; the answer carries evidence.",
     Code.ABSENT: "No pending timer under this identity (never scheduled, or already finished).",
+    Code.TXN_REUSED: "A new generation must carry a new txn: this command changes the timer but "
+    "repeats the txn of its current generation.",
     Code.POSITION_DUPLICATE: "The entry's position is at or below the applied position.",
     Code.POSITION_GAP: "The entry's position skips ahead of the next expected position.",
     Code.PERSISTED_AT_REGRESSED: "The entry's persistence time is earlier than its predecessor's.",

@@ -37,6 +37,7 @@ from kernel.validation import (
 _UNCHANGED: Final = Code.UNCHANGED
 _TOO_LATE: Final = Code.TOO_LATE
 _ABSENT: Final = Code.ABSENT
+_TXN_REUSED: Final = Code.TXN_REUSED
 _SCHEDULED: Final = Status.SCHEDULED
 
 
@@ -67,7 +68,7 @@ def _verdict_for(op: str, current: Message | None, condition: str) -> Rule:
     return rule(op, "ABSENT" if current is None else current.status, condition)
 
 
-def _condition(current: Message | None, identical: bool | None) -> str:
+def _condition(current: Message | None, identical: bool | None, txn: str | None = None) -> str:
     """The table condition of a reschedule (identical given) or cancel (None)."""
     if current is not None and current.status is Status.DEAD_LETTERED:
         if current.evidence is not None:
@@ -75,7 +76,13 @@ def _condition(current: Message | None, identical: bool | None) -> str:
         return "behind_unknown" if current.open_attempts else "alone"
     if identical is None:
         return "-"
-    return "identical" if identical else "changed"
+    return _change(current, identical, txn)
+
+
+def _change(current: Message | None, identical: bool, txn: str | None) -> str:
+    if identical:
+        return "identical"
+    return "reused_txn" if current is not None and current.txn == txn else "changed"
 
 
 def _check_version(step: Step, expected: int | None, current: Message | None) -> bool:
@@ -140,7 +147,7 @@ def schedule(step: Step, r: Schedule) -> None:
     current = step.message(mid)
     digest = request_digest(b"schedule", r)
     identical = current is not None and current.request_digest == digest
-    verdict = _verdict_for("schedule", current, "identical" if identical else "changed")
+    verdict = _verdict_for("schedule", current, _change(current, identical, r.txn))
     # An identical retry is answered before anything that depends on when it arrived (its
     # timing against a later persistence time) or on what the first try did (the version).
     if verdict.code is _UNCHANGED:
@@ -154,6 +161,8 @@ def schedule(step: Step, r: Schedule) -> None:
     if verdict.code is _TOO_LATE:
         assert current is not None
         return _too_late(step, current, r.txn)
+    if verdict.code is _TXN_REUSED:
+        return step.rejected(_TXN_REUSED, current, txn=r.txn)
     if (
         current is not None
         and current.status is _SCHEDULED
@@ -219,7 +228,7 @@ def reschedule(step: Step, r: Reschedule) -> None:
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))
     digest = request_digest(b"reschedule", r)
     identical = current is not None and current.request_digest == digest
-    verdict = _verdict_for("reschedule", current, _condition(current, identical))
+    verdict = _verdict_for("reschedule", current, _condition(current, identical, r.txn))
     if verdict.code is _UNCHANGED:
         return step.applied(_UNCHANGED, current)
     timing = _timing(step, r)
@@ -233,6 +242,8 @@ def reschedule(step: Step, r: Reschedule) -> None:
     assert current is not None
     if verdict.code is _TOO_LATE:
         return _too_late(step, current, r.txn)
+    if verdict.code is _TXN_REUSED:
+        return step.rejected(_TXN_REUSED, current, txn=r.txn)
 
     # A rescheduled timer is a new timer under an old name: fresh budget, no last error.
     message = msgspec.structs.replace(

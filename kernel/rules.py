@@ -11,7 +11,10 @@ are listed in `kernel/codes.py` in the order they are checked.
 attempt (or a dead-letter copy whose generation) belongs to a generation the message has
 since left. Conditions:
   identical      the command repeats the current generation's request exactly (same txn too)
-  changed        it does not
+  reused_txn     it is not identical but carries the current generation's txn: each new
+                 generation is a new message and mints a new txn, so that "this txn was
+                 delivered" names one message
+  changed        neither
   armed          an UNCERTAIN message has retry work in the timeline
   unarmed        it has none (retries used up, or expireAt passed)
   alone          no other attempt of the generation is still open (UNKNOWN)
@@ -61,12 +64,18 @@ _rows: list[Rule] = [
     Rule("schedule", P, "changed", Code.TOO_LATE, SAME),
     Rule("schedule", U, "changed", Code.TOO_LATE, SAME),
     *(Rule("schedule", st, "changed", Code.SCHEDULED, S, True) for st in (D, C, E, X)),
+    # Where a change would make a new generation, a reused txn is refused; after Admission
+    # the change is too late anyway, and that is the answer that carries the evidence.
+    *(Rule("schedule", st, "reused_txn", Code.TXN_REUSED, SAME) for st in (S, D, C, E, X)),
+    *(Rule("schedule", st, "reused_txn", Code.TOO_LATE, SAME) for st in (P, U)),
     # reschedule: timing only, same content, new txn.
     Rule("reschedule", ABSENT, ANY, Code.ABSENT, SAME),
     Rule("reschedule", S, "identical", Code.UNCHANGED, SAME),
     Rule("reschedule", S, "changed", Code.RESCHEDULED, S, True),
+    Rule("reschedule", S, "reused_txn", Code.TXN_REUSED, SAME),
     *(Rule("reschedule", st, "identical", Code.UNCHANGED, SAME) for st in (P, U, D)),
     *(Rule("reschedule", st, "changed", Code.TOO_LATE, SAME) for st in (P, U, D)),
+    *(Rule("reschedule", st, "reused_txn", Code.TOO_LATE, SAME) for st in (P, U, D)),
     Rule("reschedule", C, ANY, Code.ABSENT, SAME),
     Rule("reschedule", E, ANY, Code.ABSENT, SAME),
     # A dead-lettered generation whose earlier attempt is still UNKNOWN may be at the

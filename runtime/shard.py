@@ -42,7 +42,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -122,14 +122,35 @@ class CommandFuture:
         self._done = threading.Event()
         self._outcomes: list[EntryOutcome] = []
         self._error: BaseException | None = None
+        # Callbacks and the done flag change under one lock, so a callback added while the
+        # runtime completes the future runs exactly once.
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[CommandFuture], None]] = []
 
     def _set(self, outcomes: list[EntryOutcome]) -> None:
         self._outcomes = outcomes
-        self._done.set()
+        self._finish()
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
-        self._done.set()
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def add_done_callback(self, callback: Callable[[CommandFuture], None]) -> None:
+        """Call `callback(self)` once the future is done: on the thread that completes it
+        (the runtime's loop, so it must be quick and must not raise), or at once if done.
+        An event loop waits on a commit this way without a thread of its own."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
 
     def done(self) -> bool:
         return self._done.is_set()

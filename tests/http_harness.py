@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -23,7 +24,9 @@ from typing import Any
 
 from adapters.clock import SystemClock
 from adapters.embedded import Nereus
-from adapters.http_api import EmbeddedBackend, HttpServer, TimerApi
+from adapters.http.api import TimerApi
+from adapters.http.backend import EmbeddedBackend
+from adapters.http.server import HttpServer
 from adapters.local_destination import LocalDestination, LocalRecord
 from adapters.metering import RateLimiter
 from adapters.tenancy import Tenancy, parse_tenancy
@@ -108,10 +111,12 @@ class Backend(EmbeddedBackend):
         ok, doc = super().health()
         return ok and self.booted, {**doc, "ok": ok and self.booted}
 
-    def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
+    async def execute_async(
+        self, items: Sequence[Appendable], timeout_s: float
+    ) -> list[EntryOutcome]:
         if self.fail_execute is not None:
             raise self.fail_execute
-        return super().execute(items, timeout_s)
+        return await super().execute_async(items, timeout_s)
 
 
 @dataclass
@@ -143,6 +148,9 @@ class Service:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.port}"
+
+    def raw(self, data: bytes, *, timeout_s: float = WAIT_S) -> Reply:
+        return raw_request(self.server.port, data, timeout_s=timeout_s)
 
     @property
     def log_end(self) -> int:
@@ -192,6 +200,37 @@ class Service:
             assert self.nereus.runtime.halted is None, self.nereus.runtime.halted
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(0.02)
+
+
+def read_reply(sock: socket.socket) -> Reply:
+    """One HTTP/1.1 response from a socket: the head, then Content-Length bytes (or up to
+    the end of the stream when there is no length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response head: {data[:200]!r}")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length")
+    while length is None or len(body) < int(length):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return Reply(int(status_line.split(" ")[1]), headers, body)
+
+
+def raw_request(port: int, data: bytes, *, timeout_s: float = WAIT_S) -> Reply:
+    """Send `data` as it is on a new connection and read one response."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        return read_reply(sock)
 
 
 def timer_path(key: str, queue: str = QUEUE) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from adapters.http_contract import ROUTES
+from adapters.http.contract import ROUTES
 from kernel.keys import message_id
 from tests.http_harness import (
     QUEUE,

@@ -119,7 +119,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         (_with("tenants.acme.queues.q.colour", 1), "tenants.acme.queues.q.colour", "unknown key"),
         (_with("server.port", "6632"), "server.port", "expected `int`"),
         (_with("server.port", 70000), "server.port", "not a TCP port"),
-        (_with("server.max_body_bytes", 0), "server.max_body_bytes", "at least 1"),
+        (_with("server.max_body_bytes", 0), "server.max_body_bytes", "must be positive"),
         (_with("cell.max_payload_bytes", 1024 * 1024 + 1), "cell.max_payload_bytes", "1 MiB"),
         (
             _with("tenants.acme.max_payload_bytes", 2 * 1024 * 1024),

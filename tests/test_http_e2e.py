@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from adapters.http_api import ERROR_CODES, MAX_OPERATIONS, STATUSES
+from adapters.http.contract import ERROR_CODES, MAX_OPERATIONS, STATUSES
 from adapters.local_destination import LocalDestination, LocalRecord
 from kernel.keys import message_id
 from kernel.records import PublishAdmission

@@ -70,8 +70,12 @@ def test_an_identical_retry_of_an_encrypted_schedule_is_unchanged(tmp_path: Path
         (again,) = svc.post(op)
         assert (first["status"], again["status"]) == ("scheduled", "unchanged")
         assert again["deliverAt"] == first["deliverAt"]
-        # Changed content under the same txn is a change (and sealed anew).
-        (changed,) = svc.post({**op, "payload": base64.b64encode(b"other").decode()})
+        # Changed content is a new message: under the same txn it is refused, under a new
+        # one it supersedes the timer (and is sealed anew).
+        other = {**op, "payload": base64.b64encode(b"other").decode()}
+        (reused,) = svc.post(other)
+        assert (reused["status"], reused["code"]) == ("rejected", "txn_reused")
+        (changed,) = svc.post({**other, "txn": "t-2"})
         assert changed["status"] == "rescheduled"
         peek = svc.call("GET", timer_path("retry/1", SECRET_QUEUE)).doc
         stored = base64.b64decode(peek["payload"])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from adapters.http_contract import HINT_HEADER, HINT_VALUE, MAX_OPERATIONS
+from adapters.http.contract import HINT_HEADER, HINT_VALUE, MAX_OPERATIONS
 from runtime.errors import Overloaded
 from tests.http_harness import (
     QUEUE,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from adapters.http_contract import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT
+from adapters.http.contract import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT
 from tests.http_harness import QUEUE, Service, cancel, config, schedule, start_service
 
 LIST = f"/api/v1/timers/{QUEUE}"

@@ -24,8 +24,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from adapters.http_contract import ERROR_CODES
-from adapters.openapi import build_document
+from adapters.http.contract import ERROR_CODES
+from adapters.http.openapi import build_document
 from adapters.tenancy import parse_tenancy
 from kernel.config import KernelConfig
 from tests.http_harness import Service, config, start_service

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from adapters.clock import SystemClock
-from adapters.http_api import ShardNotLocal
+from adapters.errors import ShardNotLocal
 from adapters.kafka_library import KafkaNereus
 from adapters.kafka_wire import shard_for
 from kernel.model import Status

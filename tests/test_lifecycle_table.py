@@ -61,7 +61,8 @@ C, E, X = k.Status.CANCELED, k.Status.EXPIRED, k.Status.DEAD_LETTERED
 DEFAULT = k.KernelConfig()
 
 # The requests the scenes and conditions are made of. `identical` resends the exact record
-# that made the current generation; `changed` sends one that differs in its txn.
+# that made the current generation; `changed` sends one that differs in its txn;
+# `reused_txn` changes the timing but repeats the current generation's txn.
 FIRST = schedule(txn="txn-1", delay_ms=1_000)
 SUPERSEDE = schedule(txn="txn-2", delay_ms=1_000)  # new content for a finished timer
 CHANGED = schedule(txn="txn-3", delay_ms=1_000)
@@ -80,8 +81,8 @@ OUTCOME_RESULTS: dict[str, Result] = {
 }
 # The conditions each op's verdict can depend on ('-' alone: the status decides).
 OP_CONDITIONS: dict[str, tuple[str, ...]] = {
-    "schedule": ("identical", "changed"),
-    "reschedule": ("identical", "changed", "alone", "behind_unknown", "published"),
+    "schedule": ("identical", "changed", "reused_txn"),
+    "reschedule": ("identical", "changed", "reused_txn", "alone", "behind_unknown", "published"),
     "cancel": ("alone", "behind_unknown", "published"),
     "admission": ("armed", "unarmed"),
     "claim_result": ("budget_left", "budget_left_behind_unknown", "budget_spent", "unarmed"),
@@ -420,7 +421,7 @@ def _conditions(scene: Scene, op: str, subject: str | None) -> list[str]:
                 return ["published"]
             return ["behind_unknown" if scene.open_attempts() else "alone"]
         case "schedule" | "reschedule":
-            return [ANY] if scene.status == ABSENT else ["identical", "changed"]
+            return [ANY] if scene.status == ABSENT else ["identical", "changed", "reused_txn"]
         case "admission" | "expire":
             if scene.status == U:
                 return ["armed" if scene.armed else "unarmed"]
@@ -518,11 +519,17 @@ def op_record(shard: Shard, built: Built, sit: Situation) -> k.Record:
             if sit.condition == "identical":
                 assert isinstance(made_by, k.Schedule)
                 return made_by
+            if sit.condition == "reused_txn":
+                assert m is not None
+                return schedule(txn=m.txn, delay_ms=7_000)
             return CHANGED
         case "reschedule":
             if sit.condition == "identical":
                 assert isinstance(built.made_by, k.Reschedule)
                 return built.made_by
+            if sit.condition == "reused_txn":
+                assert m is not None
+                return k.Reschedule(TENANT, QUEUE, "k1", m.txn, delay_ms=7_000)
             return CHANGED_RESCHEDULE
         case "cancel":
             return CANCEL

@@ -16,7 +16,7 @@ import pytest
 
 from adapters.clock import SimulatedClock
 from adapters.embedded import Nereus, schedule_record
-from adapters.http_api import TimerApi
+from adapters.http.api import TimerApi
 from kernel.digest import state_digest
 from kernel.records import Schedule
 from replay.fold import replay

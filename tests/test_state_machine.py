@@ -228,10 +228,14 @@ class KernelAgainstModel(RuleBasedStateMachine):
         else:
             want = v1_timing(m.now_ms, deliver, expire)
         if want is None:
-            if t is None or t.status in (D, C, E, X):
+            if t is None:
                 want = k.Code.SCHEDULED
             elif t.status in (P, U):
                 want = k.Code.TOO_LATE
+            elif t.txn == record.txn:  # a new generation needs a new txn
+                want = k.Code.TXN_REUSED
+            elif t.status in (D, C, E, X):
+                want = k.Code.SCHEDULED
             elif t.destination != record.destination:
                 want = k.Code.DESTINATION_CHANGED
             else:
@@ -309,7 +313,7 @@ class KernelAgainstModel(RuleBasedStateMachine):
             if t is None or t.status in (C, E) or (t.status is X and not t.crossed()):
                 want = k.Code.ABSENT
             elif t.status is S:
-                want = k.Code.RESCHEDULED
+                want = k.Code.TXN_REUSED if t.txn == record.txn else k.Code.RESCHEDULED
             else:  # crossed Admission: P, U, D, or X with an attempt UNKNOWN or PUBLISHED
                 want = k.Code.TOO_LATE
         self.apply(record, want)

@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kernel as k
-from adapters.http_api import ShardNotLocal
+from adapters.errors import ShardNotLocal
 from adapters.kafka_service import KafkaService, KafkaServiceConfig
 from kernel.model import LIVE_STATUSES
 from storage.codec import encode_value, timer_index_key

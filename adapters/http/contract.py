@@ -1,14 +1,17 @@
 """The HTTP timer API's closed lists and limits, in one place.
 
-Theory of operation: the routes (`adapters.http_api`) and the OpenAPI document
-(`adapters.openapi`) are both built from the constants here, so the document cannot promise a
-code, a status or a limit the service does not have. Adding an error code is a protocol
-change: it goes into `ERRORS` (with its HTTP status) and into `specs/http.md`.
+Theory of operation: the routes (`adapters.http.routing`, `adapters.http.api`), the
+connection handling (`adapters.http.protocol`) and the OpenAPI document
+(`adapters.http.openapi`) are all built from the constants here, so the document cannot
+promise a code, a status or a limit the service does not have. Adding an error code is a
+protocol change: it goes into `ERRORS` (with its HTTP status) and into `specs/http.md`.
 """
 
 from __future__ import annotations
 
 from typing import Final, Literal, NamedTuple
+
+import msgspec
 
 # Operations per POST batch.
 MAX_OPERATIONS: Final = 256
@@ -16,6 +19,33 @@ MAX_OPERATIONS: Final = 256
 MAX_PAYLOAD_CEILING_BYTES: Final = 1024 * 1024
 # Request bodies larger than this are refused unread unless the config says otherwise.
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+
+
+class HttpLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one process's HTTP server holds at most and waits at most: every connection and
+    request has a bound, so hostile or slow clients cost a bounded amount (`[server]` keys
+    of the config file; the defaults are the service's)."""
+
+    # Pending connections the kernel queues before accept (also capped by somaxconn).
+    backlog: int = 2048
+    # Open connections; past this a new connection's request is answered 503 server_busy.
+    max_connections: int = 1024
+    # Requests being handled at once (waiting for their commit included); past this 503.
+    max_inflight: int = 512
+    # An idle keep-alive connection (no byte of a next request) is closed after this.
+    keep_alive_timeout_s: float = 5.0
+    # The request line and headers must be complete this long after their first byte.
+    header_timeout_s: float = 10.0
+    # The declared body must be complete this long after the headers.
+    body_timeout_s: float = 30.0
+    max_request_line_bytes: int = 8192
+    # The header block (every header line, without the request line).
+    max_header_bytes: int = 16384
+    max_headers: int = 100
+    # Larger declared bodies are refused before a byte of them is read.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
 # List: rows per page.
 LIST_DEFAULT_LIMIT: Final = 100
 LIST_MAX_LIMIT: Final = 1000
@@ -50,9 +80,12 @@ HINT_VALUE: Final = "DELETE /api/v1/timers/{queue}/{timerKey}"
 ERRORS: Final[dict[str, tuple[int, str]]] = {
     "malformed_request": (
         400,
-        "The HTTP request itself is malformed (Content-Length, chunked body).",
+        "The HTTP request itself is malformed: the request line, a header, raw non-ASCII "
+        "bytes in the target, a Content-Length that is not exactly one count of digits, or "
+        "a chunked body.",
     ),
-    "malformed_json": (400, "The body is not JSON."),
+    "malformed_json": (400, "The body is not JSON (or not UTF-8)."),
+    "json_too_deep": (400, "The body's JSON nests deeper than any document this API takes."),
     "invalid_batch": (400, 'The body is not {"operations": [...]} with 1 to 256 operations.'),
     "invalid_operation": (400, "An operation is malformed; the message names which and why."),
     "invalid_path": (400, "A queue or timerKey in the path is empty, too long or malformed."),
@@ -76,8 +109,17 @@ ERRORS: Final[dict[str, tuple[int, str]]] = {
     ),
     "not_found": (404, "No such route."),
     "method_not_allowed": (405, "The route does not take this method."),
+    "request_timeout": (
+        408,
+        "The request line and headers, or the declared body, did not arrive in time.",
+    ),
     "payload_too_large": (413, "A payload is larger than the payload ceiling."),
-    "body_too_large": (413, "The request body is larger than the server accepts."),
+    "body_too_large": (
+        413,
+        "The declared Content-Length is larger than the server accepts (refused unread).",
+    ),
+    "request_line_too_long": (414, "The request line is longer than the server accepts."),
+    "headers_too_large": (431, "The headers are larger, or more, than the server accepts."),
     "rate_limited": (
         429,
         "The tenant's rate of POST operations is spent: retry after Retry-After.",
@@ -92,13 +134,28 @@ ERRORS: Final[dict[str, tuple[int, str]]] = {
         "Kafka mode: the timer's shard is not owned by this process; ask the process that "
         "owns it (see /healthz) or retry after the shards move.",
     ),
+    "server_busy": (
+        503,
+        "The server holds as many connections or requests as it may: retry after Retry-After.",
+    ),
+    "http_version_not_supported": (505, "Only HTTP/1.0 and HTTP/1.1 are served."),
 }
 
 ERROR_CODES: Final[dict[str, str]] = {code: text for code, (_, text) in ERRORS.items()}
 ERROR_STATUS: Final[dict[str, int]] = {code: status for code, (status, _) in ERRORS.items()}
 
-# Errors any route may answer, before it is even known which route it is.
-COMMON_ERRORS: Final = ("malformed_request", "body_too_large", "internal_error")
+# Errors any route may answer, before it is even known which route it is: the connection's
+# own answers (adapters.http.protocol) and a bug.
+COMMON_ERRORS: Final = (
+    "malformed_request",
+    "request_timeout",
+    "body_too_large",
+    "request_line_too_long",
+    "headers_too_large",
+    "server_busy",
+    "http_version_not_supported",
+    "internal_error",
+)
 
 
 class Route(NamedTuple):
@@ -124,6 +181,7 @@ ROUTES: Final[tuple[Route, ...]] = (
             "unauthorized",
             "missing_grant",
             "malformed_json",
+            "json_too_deep",
             "invalid_batch",
             "invalid_operation",
             "server_owned_field",
@@ -168,7 +226,7 @@ ROUTES: Final[tuple[Route, ...]] = (
         "PUT",
         "/api/v1/admin/block",
         "admin",
-        ("unauthorized", "missing_grant", "malformed_json", "invalid_body"),
+        ("unauthorized", "missing_grant", "malformed_json", "json_too_deep", "invalid_body"),
         "Block or unblock producing for the caller's tenant (this process, in memory).",
     ),
     Route(

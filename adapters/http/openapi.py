@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.http_contract import (
+from adapters.http.contract import (
     COMMON_ERRORS,
     ERROR_CODES,
     ERROR_STATUS,
@@ -55,22 +55,37 @@ def _obj(
 
 
 def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
+    # The limits are on UTF-8 bytes (what the store keys on), which JSON Schema cannot say:
+    # maxLength counts characters, and no string of more characters than the byte limit can
+    # fit it, so maxLength is the bound a schema can state; x-nereus-max-bytes is the rule.
     ident = kernel.max_identity_bytes
+    in_bytes = "The limit is on UTF-8 bytes: a string within maxLength characters whose UTF-8 "
+    in_bytes += "encoding is longer is refused too (400)."
     queue = {
         "type": "string",
         "minLength": 1,
         "maxLength": ident,
+        "x-nereus-max-bytes": ident,
         "pattern": "^[^/\\x00]+$",
-        "description": f"One path segment, at most {ident} bytes of UTF-8.",
+        "description": f"One path segment of 1 to {ident} bytes of UTF-8. {in_bytes}",
     }
     timer_key = {
         "type": "string",
         "minLength": 1,
         "maxLength": ident,
+        "x-nereus-max-bytes": ident,
         "pattern": "^[^\\x00]+$",
-        "description": f"At most {ident} bytes of UTF-8; may contain '/'.",
+        "description": f"1 to {ident} bytes of UTF-8; may contain '/'. {in_bytes}",
     }
-    txn = {"type": "string", "minLength": 1, "maxLength": kernel.max_txn_bytes}
+    txn = {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": kernel.max_txn_bytes,
+        "x-nereus-max-bytes": kernel.max_txn_bytes,
+        "description": f"1 to {kernel.max_txn_bytes} bytes of UTF-8. A command that changes "
+        "the timer must carry a txn other than its current generation's (else the result is "
+        "`rejected` with code `txn_reused`). " + in_bytes,
+    }
     delay = {
         "type": "integer",
         "minimum": 0,
@@ -183,7 +198,10 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
                 "queue": _STR,
                 "timerKey": _STR,
                 "txn": _nullable("string"),
-                "code": {"type": "string", "description": "The kernel code of `rejected`."},
+                "code": {
+                    "type": "string",
+                    "description": "The kernel code of `rejected`, e.g. `txn_reused`.",
+                },
                 "messageId": _STR,
                 "deliverAt": _nullable("integer"),
                 "attemptId": _nullable("string"),
@@ -308,7 +326,7 @@ def _responses(route: Route) -> dict[str, Any]:
                 "description": "On a refused producing batch: what still works.",
                 "schema": _STR,
             }
-        if status == 429:
+        if status == 429 or "server_busy" in codes:
             headers["Retry-After"] = {"description": "Seconds.", "schema": _STR}
         if status == 401:
             headers["WWW-Authenticate"] = {"schema": _STR}

@@ -1,0 +1,426 @@
+"""The timer routes: a request is matched, authenticated, authorized, then handled.
+
+    POST   /api/v1/timers                              produce  {"operations": [...]}
+    DELETE /api/v1/timers/{queue}/{timerKey}[?txn=]    any valid credential of the tenant
+    GET    /api/v1/timers/{queue}/{timerKey}           read     peek
+    GET    /api/v1/timers/{queue}[?after=&limit=]      read     list live timers
+    GET    /api/v1/admin/metering                      admin
+    PUT    /api/v1/admin/block                         admin    {"blocked": bool}
+    POST   /api/v1/dlq/{queue}/{timerKey}/replay       any      always 403 dlq_replay_refused
+    GET    /healthz, /metrics, /openapi.json           public
+
+Theory of operation: a request is matched to a route once (`routing.match`: 404/405), then
+authenticated (the bearer token decides the tenant, 401), authorized by the route's grant
+(403 missing_grant), and only then is its input read. A batch is checked whole before
+anything is appended (`batch.parse_batch`); then the tenant's rate and, for a batch that
+would produce, the blocks, quota and storage (`policy`). A valid batch is appended as one
+unit and answered in request order once durable: the handler awaits the commit, so a request
+waiting for its fsync holds no thread. Every record carries the credential's tenant and
+subject; since message ids are derived from (tenant, queue, timerKey), another tenant's timer
+is simply absent on every route.
+
+A DELETE is never refused by a grant, block, quota or rate: only by a missing credential or a
+service that is not booted (or the physical answers every commit shares: 429 overloaded, 503
+unavailable). A request's content never causes a 5xx: `internal_error` is a bug, logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import msgspec
+
+from adapters import crypto
+from adapters.embedded import DEFAULT_TENANT, Nereus, schedule_record, to_result
+from adapters.errors import ShardNotLocal, Unavailable
+from adapters.http import routing
+from adapters.http.auth import Authenticator, Unauthorized
+from adapters.http.backend import EmbeddedBackend, TimerBackend
+from adapters.http.batch import (
+    CancelOp,
+    Checked,
+    RescheduleOp,
+    ScheduleOp,
+    identity_problem,
+    json_field,
+    parse_batch,
+)
+from adapters.http.contract import (
+    GRANTS,
+    LIST_DEFAULT_LIMIT,
+    LIST_MAX_LIMIT,
+    METERED_STATUSES,
+    Route,
+)
+from adapters.http.errors import JSON, ApiError, Response, error_response, json_response
+from adapters.http.openapi import build_document
+from adapters.http.policy import Policy
+from adapters.http.process import ProcessMetrics
+from adapters.http.shapes import peek_json, result_json, row_json
+from adapters.metering import Blocks, Meter, RateLimiter
+from adapters.tenancy import Principal, Tenancy
+from kernel.effects import EntryOutcome
+from kernel.records import Cancel, Reschedule
+from kernel.validation import check_txn
+from runtime.errors import Overloaded, RuntimeHalted
+from runtime.log import Logger
+from storage.store import Appendable
+
+T = TypeVar("T")
+Handler = Callable[[Principal | None, "Request"], Awaitable[Response]]
+
+REQUEST_SECONDS = "nereus_http_request_duration_seconds"
+# Request durations: from a cached GET (~50 us) to a commit that waits out a slow fsync.
+REQUEST_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+class Request:
+    """One request as the handlers see it: decoded path parameters, the raw query, the
+    body read whole, and lower-cased header names."""
+
+    __slots__ = ("body", "headers", "method", "params", "query")
+
+    def __init__(
+        self,
+        method: str,
+        params: dict[str, str],
+        query: str,
+        body: bytes,
+        headers: Mapping[str, str],
+    ) -> None:
+        self.method = method
+        self.params = params
+        self.query = query
+        self.body = body
+        self.headers = headers
+
+
+class TimerApi:
+    """Routes requests to a backend; independent of the server, so tests can call `respond`
+    (async) or `handle` (sync) directly."""
+
+    def __init__(
+        self,
+        backend: Nereus | TimerBackend,
+        *,
+        tenancy: Tenancy | None = None,
+        commit_timeout_s: float = 30.0,
+        rate_limiter: RateLimiter | None = None,
+        logger: Logger | None = None,
+    ) -> None:
+        self.backend: TimerBackend = (
+            EmbeddedBackend(backend) if isinstance(backend, Nereus) else backend
+        )
+        self.tenancy = tenancy or Tenancy.open_default()
+        self.kernel = self.backend.kernel_config
+        self.tenancy.check_kernel(self.kernel)
+        self.limits = {
+            name: self.tenancy.limits(name, self.kernel) for name in self.tenancy.tenants
+        }
+        self.auth = Authenticator(
+            self.tenancy.credentials,
+            disabled_as=Principal(DEFAULT_TENANT, None, frozenset(GRANTS))
+            if self.tenancy.auth_disabled
+            else None,
+        )
+        self.commit_timeout_s = commit_timeout_s
+        self.meter = Meter(self.backend.metrics, self.tenancy.tenants)
+        self.blocks = Blocks()
+        self.policy = Policy(self.tenancy, rate_limiter or RateLimiter(), self.blocks)
+        self.log = (logger or Logger()).child("http")
+        self.process = ProcessMetrics(self.backend.metrics)
+        self.backend.metrics.describe(
+            REQUEST_SECONDS, "histogram", "HTTP request durations by route and status."
+        )
+        self._openapi_body = msgspec.json.encode(build_document(self.tenancy, self.kernel))
+        self._inline_reads = bool(getattr(self.backend, "inline_reads", False))
+        # Reads that may wait on a shard's lock (Kafka mode) run here, never on the loop.
+        self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="nereus-http-read")
+        self._handlers: dict[tuple[str, str], Handler] = {
+            ("POST", "/api/v1/timers"): self._post,
+            ("DELETE", "/api/v1/timers/{queue}/{timerKey}"): self._delete,
+            ("GET", "/api/v1/timers/{queue}/{timerKey}"): self._peek,
+            ("GET", "/api/v1/timers/{queue}"): self._list,
+            ("GET", "/api/v1/admin/metering"): self._metering,
+            ("PUT", "/api/v1/admin/block"): self._block,
+            ("POST", "/api/v1/dlq/{queue}/{timerKey}/replay"): self._dlq_replay,
+            ("GET", "/healthz"): self._health,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/openapi.json"): self._openapi_doc,
+        }
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.tenancy.server.max_body_bytes
+
+    def close(self) -> None:
+        self._reads.shutdown(wait=False)
+
+    # Entry points -------------------------------------------------------------------------
+
+    def handle(
+        self, method: str, target: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, str, bytes]:
+        """(status, content type, body), for a caller without an event loop."""
+        path, _, query = target.partition("?")
+        r = asyncio.run(self.respond(method, path, query, body, headers or {}))
+        return r.status, r.content_type, r.body
+
+    async def respond(
+        self,
+        method: str,
+        raw_path: str,
+        query: str,
+        body: bytes,
+        headers: Mapping[str, str],
+    ) -> Response:
+        """The answer to one request; `raw_path` still percent-encoded, header names lower
+        case. Never raises: a refusal is an error response, a bug is internal_error."""
+        started = time.perf_counter()
+        found: routing.Match | None = None
+        try:
+            found = routing.match(method, raw_path)
+            response = await self._route(found, query, body, headers)
+        except ApiError as exc:
+            response = error_response(exc.code, str(exc), exc.headers)
+        except Exception as exc:  # a bug: answer, log, never blame the request
+            self.log.error(
+                "http_internal_error",
+                method=method,
+                route=routing.label(method, raw_path),
+                error=repr(exc),
+                traceback=traceback.format_exc(),
+            )
+            response = error_response("internal_error", "internal error (logged)")
+        label = found.label if found is not None else routing.label(method, raw_path)
+        self.observe(label, response.status, started)
+        return response
+
+    def observe(self, route: str, status: int, started: float) -> None:
+        """Count one answered request (the server's own answers use the route "other")."""
+        metrics = self.backend.metrics
+        labels = {"route": route, "status": str(status)}
+        metrics.inc("nereus_http_requests_total", labels=labels)
+        metrics.observe(REQUEST_SECONDS, time.perf_counter() - started, labels, REQUEST_BUCKETS_S)
+
+    async def _route(
+        self, found: routing.Match, query: str, body: bytes, headers: Mapping[str, str]
+    ) -> Response:
+        route = found.route
+        who = None if route.needs == "public" else self._authorize(headers, route)
+        handler = self._handlers[(route.method, route.path)]
+        return await handler(who, Request(route.method, found.params, query, body, headers))
+
+    def _authorize(self, headers: Mapping[str, str], route: Route) -> Principal:
+        try:
+            who = self.auth.authenticate(headers.get("authorization"))
+        except Unauthorized as exc:
+            raise ApiError(
+                "unauthorized", str(exc), headers=(("WWW-Authenticate", 'Bearer realm="nereus"'),)
+            ) from None
+        if route.needs in GRANTS and route.needs not in who.grants:
+            raise ApiError(
+                "missing_grant", f"{route.method} {route.path} needs the {route.needs!r} grant"
+            )
+        return who
+
+    async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A backend read: inline when it cannot block, else on the read threads."""
+        try:
+            if self._inline_reads:
+                return fn(*args, **kwargs)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._reads, lambda: fn(*args, **kwargs))
+        except ShardNotLocal as exc:
+            raise ApiError("shard_not_local", str(exc)) from exc
+
+    def _check_path(self, who: Principal, queue: str, timer_key: str | None) -> None:
+        problem = identity_problem(who.tenant, queue, timer_key or "k", self.kernel)
+        if problem is not None:
+            raise ApiError("invalid_path", problem)
+
+    # Public -------------------------------------------------------------------------------
+
+    async def _health(self, _who: Principal | None, _req: Request) -> Response:
+        ok, doc = self.backend.health()
+        return json_response(200 if ok else 503, doc)
+
+    async def _metrics(self, _who: Principal | None, _req: Request) -> Response:
+        self.process.refresh()
+        return Response(200, "text/plain; version=0.0.4", self.backend.metrics.render().encode())
+
+    async def _openapi_doc(self, _who: Principal | None, _req: Request) -> Response:
+        return Response(200, JSON, self._openapi_body)
+
+    # Commands -----------------------------------------------------------------------------
+
+    async def _commit(self, items: list[Appendable]) -> list[EntryOutcome]:
+        try:
+            return await self.backend.execute_async(items, self.commit_timeout_s)
+        except Overloaded as exc:
+            raise ApiError("overloaded", str(exc), headers=(("Retry-After", "1"),)) from exc
+        except (RuntimeHalted, TimeoutError, Unavailable) as exc:
+            raise ApiError("unavailable", str(exc)) from exc
+
+    async def _post(self, who: Principal | None, req: Request) -> Response:
+        assert who is not None
+        policy = self.policy.tenant(who)
+        checked = parse_batch(
+            req.body,
+            tenant=who.tenant,
+            limits=self.limits[who.tenant],
+            kernel=self.kernel,
+            queue_keys=policy.queue_keys,
+        )
+        self.policy.take_rate(who, len(checked))
+        if any(c.produces for c in checked):
+            self.policy.check_block(who)
+            if policy.has_quota:
+                self.policy.check_quota(
+                    who, await self._read(self.backend.tenant_usage, who.tenant)
+                )
+            self.policy.check_storage(await self._read(self.backend.map_usage))
+        items = [self._item(who, c) for c in checked]
+        outcomes = await self._commit(items)
+        results = [
+            result_json(to_result(outcome, c.op.queue, c.op.timer_key), c.kind)
+            for c, outcome in zip(checked, outcomes, strict=True)
+        ]
+        metered = sum(
+            1
+            for c, r in zip(checked, results, strict=True)
+            if c.produces and r["status"] in METERED_STATUSES
+        )
+        if metered:
+            self.meter.add(who.tenant, metered)
+        return json_response(200, {"results": results})
+
+    def _item(self, who: Principal, c: Checked) -> Appendable:
+        op = c.op
+        if isinstance(op, CancelOp):
+            return Cancel(who.tenant, op.queue, op.timer_key, txn=op.txn), None
+        if isinstance(op, RescheduleOp):
+            record = Reschedule(
+                tenant=who.tenant,
+                queue=op.queue,
+                timer_key=op.timer_key,
+                txn=op.txn or uuid.uuid4().hex,
+                delay_ms=op.delay_ms,
+            )
+            return record, None
+        payload, encrypted = c.payload, False
+        key_id = self.policy.tenant(who).queue_keys.get(op.queue)
+        if key_id is not None:
+            payload, encrypted = self._seal(who, key_id, op, c.payload), True
+        return schedule_record(
+            op.queue,
+            op.timer_key,
+            payload,
+            tenant=who.tenant,
+            delay_ms=op.delay_ms,
+            txn=op.txn,
+            partition=op.partition,
+            headers=c.headers,
+            producer_sub=who.subject,
+            encrypted=encrypted,
+        )
+
+    def _seal(self, who: Principal, key_id: str, op: ScheduleOp, clear: bytes) -> bytes:
+        """The envelope to schedule. Sealing is deterministic (adapters/crypto.py), so an
+        identical retry is the identical request and the kernel answers `unchanged`."""
+        return crypto.seal(
+            self.tenancy.keyring,
+            key_id,
+            clear,
+            tenant=who.tenant,
+            queue=op.queue,
+            timer_key=op.timer_key,
+        )
+
+    async def _delete(self, who: Principal | None, req: Request) -> Response:
+        assert who is not None
+        ok, _ = self.backend.health()
+        if not ok:
+            raise ApiError("not_booted", "the service is not booted (see /healthz)")
+        queue, timer_key = req.params["queue"], req.params["timerKey"]
+        self._check_path(who, queue, timer_key)
+        txn = routing.parse_query(req.query).get("txn")
+        if txn is not None and check_txn(txn, self.kernel) is not None:
+            raise ApiError("invalid_query", f"txn must be 1..{self.kernel.max_txn_bytes} bytes")
+        outcome = (await self._commit([(Cancel(who.tenant, queue, timer_key, txn=txn), None)]))[0]
+        return json_response(200, result_json(to_result(outcome, queue, timer_key), "cancel"))
+
+    async def _dlq_replay(self, _who: Principal | None, _req: Request) -> Response:
+        raise ApiError(
+            "dlq_replay_refused",
+            "a dead letter is not replayed: it never had a consumer group and its offset "
+            "is not a position; schedule a new timer instead",
+        )
+
+    # Reads --------------------------------------------------------------------------------
+
+    async def _peek(self, who: Principal | None, req: Request) -> Response:
+        assert who is not None
+        queue, timer_key = req.params["queue"], req.params["timerKey"]
+        self._check_path(who, queue, timer_key)
+        p = await self._read(self.backend.peek, queue, timer_key, tenant=who.tenant)
+        return json_response(200, peek_json(p))
+
+    async def _list(self, who: Principal | None, req: Request) -> Response:
+        assert who is not None
+        queue = req.params["queue"]
+        self._check_path(who, queue, None)
+        query = routing.parse_query(req.query)
+        after = query.get("after") or None
+        limit = LIST_DEFAULT_LIMIT
+        raw_limit = query.get("limit")
+        if raw_limit is not None:
+            try:
+                limit = int(raw_limit.strip(), 10)
+            except ValueError:
+                raise ApiError("invalid_query", "limit must be an integer") from None
+            limit = min(max(limit, 1), LIST_MAX_LIMIT)
+        rows, truncated = await self._read(
+            self.backend.list_timers, queue, after, limit, tenant=who.tenant
+        )
+        return json_response(
+            200,
+            {
+                "rows": [row_json(m) for m in rows],
+                "truncated": truncated,
+                "nextAfter": rows[-1].timer_key if truncated and rows else None,
+            },
+        )
+
+    # Admin --------------------------------------------------------------------------------
+
+    async def _metering(self, who: Principal | None, _req: Request) -> Response:
+        assert who is not None
+        return json_response(
+            200,
+            {
+                "tenant": who.tenant,
+                "messages": self.meter.count(who.tenant),
+                "since": self.meter.started_at_ms,
+            },
+        )
+
+    async def _block(self, who: Principal | None, req: Request) -> Response:
+        assert who is not None
+        blocked = json_field(req.body, "blocked", bool, "invalid_body", '{"blocked": true|false}')
+        self.blocks.set(who.tenant, blocked)
+        self.log.info("tenant_block", tenant=who.tenant, blocked=blocked, by=who.subject)
+        return json_response(
+            200,
+            {
+                "tenant": who.tenant,
+                "adminBlocked": blocked,
+                "blocked": self.policy.blocked(who.tenant),
+            },
+        )

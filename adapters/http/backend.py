@@ -1,0 +1,135 @@
+"""The port behind the routes: what the HTTP API needs from the service it fronts.
+
+Theory of operation: a command is appended and awaited without a thread of its own. The
+embedded runtime completes a `CommandFuture` on its loop thread once the commit is durable;
+`await_command` hangs an asyncio future on it (one `call_soon_threadsafe` at completion), so
+a request waiting for its fsync costs the event loop nothing while it waits. The Kafka
+service (`adapters.kafka_service.KafkaService`) offers the same `execute_async` over its
+reply waiters. Reads are plain calls: the API runs them off the event loop when a backend
+says they may block on a lock (`inline_reads` False, the Kafka service's shard locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from adapters.embedded import DEFAULT_TENANT, Nereus, Peek
+from kernel.config import KernelConfig
+from kernel.effects import EntryOutcome
+from kernel.model import Message, TenantUsage
+from runtime.metrics import Metrics
+from runtime.shard import CommandFuture
+from storage.store import Appendable
+
+
+class TimerBackend(Protocol):
+    """What the routes need from the service behind them."""
+
+    @property
+    def kernel_config(self) -> KernelConfig: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    async def execute_async(
+        self, items: Sequence[Appendable], timeout_s: float
+    ) -> list[EntryOutcome]:
+        """Append the items as one unit and return their outcomes once durable. Raises
+        Overloaded, RuntimeHalted, TimeoutError or adapters.errors.Unavailable when it
+        cannot."""
+        ...
+
+    def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
+        """Raises ShardNotLocal when this process cannot read the timer's shard."""
+        ...
+
+    def list_timers(
+        self, queue: str, after: str | None, limit: int, *, tenant: str
+    ) -> tuple[list[Message], bool]:
+        """The queue's live timers after `after` in byte order of the key, at most `limit`,
+        and whether more follow. Raises ShardNotLocal."""
+        ...
+
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        """The tenant's durable usage (live timers, their payload bytes). Raises
+        ShardNotLocal."""
+        ...
+
+    def map_usage(self) -> float:
+        """The fraction of the (fullest) LMDB map in use: storage is full at 0.95."""
+        ...
+
+    def health(self) -> tuple[bool, dict[str, Any]]: ...
+
+
+async def await_command(future: CommandFuture, timeout_s: float) -> list[EntryOutcome]:
+    """The outcomes of a submitted command, awaited on the running event loop."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: CommandFuture) -> None:
+        # Runs on the runtime's thread inside its commit: it must never raise there, even
+        # when the server stopped and its loop is closed.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_resolve, done)
+
+    future.add_done_callback(wake)
+    try:
+        await asyncio.wait_for(done, timeout_s)
+    except TimeoutError:
+        raise TimeoutError("the command was not committed in time") from None
+    return future.result(0)
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+class EmbeddedBackend:
+    """The embedded `Nereus` (one shard in this process) as a TimerBackend."""
+
+    # LMDB reads take no lock and a few microseconds: not worth a hop to a thread.
+    inline_reads = True
+
+    def __init__(self, nereus: Nereus) -> None:
+        self.nereus = nereus
+
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return self.nereus.store.config
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.nereus.runtime.metrics
+
+    async def execute_async(
+        self, items: Sequence[Appendable], timeout_s: float
+    ) -> list[EntryOutcome]:
+        return await await_command(self.nereus.runtime.submit(items), timeout_s)
+
+    def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
+        return self.nereus.peek(queue, timer_key, tenant=tenant)
+
+    def list_timers(
+        self, queue: str, after: str | None, limit: int, *, tenant: str
+    ) -> tuple[list[Message], bool]:
+        with self.nereus.store.read() as view:
+            return view.list_timers(tenant, queue, after, limit)
+
+    def tenant_usage(self, tenant: str) -> TenantUsage:
+        with self.nereus.store.read() as view:
+            return view.tenant_usage(tenant)
+
+    def map_usage(self) -> float:
+        return self.nereus.store.map_usage()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        halted = self.nereus.runtime.halted
+        return halted is None, {
+            "ok": halted is None,
+            "appliedPosition": self.nereus.store.meta.position,
+        }

@@ -1,0 +1,230 @@
+"""A POST batch, parsed and checked whole before anything of it is appended.
+
+Theory of operation: the body must be exactly `{"operations": [...]}` with 1 to
+`MAX_OPERATIONS` operations; each is converted into its tagged struct (unknown fields
+refused), then checked in a fixed order: server-owned fields, identity, txn, delay, horizon,
+payload (base64, ceiling, the envelope's room for an encrypted queue) and headers. The first
+problem refuses the whole batch with its code, so a bad batch never half-reaches the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from adapters import crypto
+from adapters.http.contract import MAX_OPERATIONS, RESERVED_HEADER_PREFIX, SERVER_OWNED
+from adapters.http.errors import ApiError
+from adapters.tenancy import Limits
+from kernel.config import KernelConfig
+from kernel.validation import check_headers, check_identity, check_txn
+
+
+class _Op(msgspec.Struct, forbid_unknown_fields=True, rename="camel", tag_field="op"):
+    queue: str
+    timer_key: str
+
+
+class ScheduleOp(_Op, tag="schedule"):
+    delay_ms: int = 0
+    # Base64 on the wire; msgspec decodes (and validates) it while parsing.
+    payload: bytes = b""
+    txn: str | None = None
+    partition: str | None = None
+    headers: dict[str, str] | None = None
+
+
+class RescheduleOp(_Op, tag="reschedule"):
+    delay_ms: int = 0
+    txn: str | None = None
+
+
+class CancelOp(_Op, tag="cancel"):
+    txn: str | None = None
+
+
+Operation = ScheduleOp | RescheduleOp | CancelOp
+_KIND: dict[type[_Op], str] = {
+    ScheduleOp: "schedule",
+    RescheduleOp: "reschedule",
+    CancelOp: "cancel",
+}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One operation of a batch, validated; `payload` is the clear payload of a schedule."""
+
+    op: Operation
+    payload: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return _KIND[type(self.op)]
+
+    @property
+    def produces(self) -> bool:
+        return not isinstance(self.op, CancelOp)
+
+
+def identity_problem(tenant: str, queue: str, timer_key: str, kernel: KernelConfig) -> str | None:
+    if check_identity(tenant, queue, timer_key, kernel) is None:
+        return None
+    limit = kernel.max_identity_bytes
+    if not queue or "/" in queue or "\x00" in queue or len(queue.encode()) > limit:
+        return f"queue must be one path segment of 1..{limit} bytes without NUL"
+    return f"timerKey must be 1..{limit} bytes without NUL"
+
+
+T = TypeVar("T")
+
+
+def json_field(body: bytes, name: str, kind: type[T], code: str, shape: str) -> T:
+    """The one field of a JSON object body that must hold exactly `{name: <kind>}`."""
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ApiError("malformed_json", str(exc)) from exc
+    except RecursionError:
+        # msgspec decodes nested arrays by recursion; a 2 KB body of brackets reaches the
+        # interpreter's limit. No document of this API nests deeper than a few levels.
+        raise ApiError("json_too_deep", "the JSON nests too deep for any document here") from None
+    if not isinstance(doc, dict) or set(doc) != {name} or not isinstance(doc[name], kind):
+        raise ApiError(code, f"expected {shape}")
+    value: T = doc[name]
+    return value
+
+
+class _Batch(msgspec.Struct, forbid_unknown_fields=True):
+    operations: list[Operation]
+
+
+# A well-formed batch is decoded straight into its structs, in one pass over the bytes.
+_BATCH = msgspec.json.Decoder(_Batch)
+
+
+def parse_batch(
+    body: bytes,
+    *,
+    tenant: str,
+    limits: Limits,
+    kernel: KernelConfig,
+    queue_keys: Mapping[str, str] | None = None,
+) -> list[Checked]:
+    """The whole batch, validated, or ApiError: nothing of a bad batch is appended."""
+    keys = queue_keys or {}
+    try:
+        ops: list[Operation] | None = _BATCH.decode(body).operations
+    except (msgspec.DecodeError, RecursionError):
+        ops = None  # the generic path below finds the first fault and names it
+    if ops is None or not 1 <= len(ops) <= MAX_OPERATIONS:
+        return _parse_generic(body, tenant=tenant, limits=limits, kernel=kernel, queue_keys=keys)
+    return [
+        _check_typed(
+            op, f"operations[{i}]", tenant=tenant, limits=limits, kernel=kernel, queue_keys=keys
+        )
+        for i, op in enumerate(ops)
+    ]
+
+
+def _parse_generic(
+    body: bytes,
+    *,
+    tenant: str,
+    limits: Limits,
+    kernel: KernelConfig,
+    queue_keys: Mapping[str, str],
+) -> list[Checked]:
+    """Operation by operation from plain JSON values, so that the first problem is named
+    in the order of the checks (a server-owned field before an unknown one)."""
+    raw_ops = json_field(body, "operations", list, "invalid_batch", '{"operations": [...]}')
+    if not 1 <= len(raw_ops) <= MAX_OPERATIONS:
+        raise ApiError("invalid_batch", f"1 to {MAX_OPERATIONS} operations per call")
+    return [
+        _check_op(
+            raw,
+            f"operations[{index}]",
+            tenant=tenant,
+            limits=limits,
+            kernel=kernel,
+            queue_keys=queue_keys,
+        )
+        for index, raw in enumerate(raw_ops)
+    ]
+
+
+def _check_op(
+    raw: Any,
+    where: str,
+    *,
+    tenant: str,
+    limits: Limits,
+    kernel: KernelConfig,
+    queue_keys: Mapping[str, str],
+) -> Checked:
+    if isinstance(raw, dict):
+        owned = sorted(str(k) for k in raw if k in SERVER_OWNED or str(k).startswith("_"))
+        if owned:
+            raise ApiError(
+                "server_owned_field", f"{where}: {', '.join(owned)} is set by the server"
+            )
+    try:
+        op = msgspec.convert(raw, Operation)
+    except msgspec.ValidationError as exc:
+        raise ApiError("invalid_operation", f"{where}: {exc}") from exc
+    except RecursionError:
+        raise ApiError("json_too_deep", f"{where}: nests too deep") from None
+    return _check_typed(
+        op, where, tenant=tenant, limits=limits, kernel=kernel, queue_keys=queue_keys
+    )
+
+
+def _check_typed(
+    op: Operation,
+    where: str,
+    *,
+    tenant: str,
+    limits: Limits,
+    kernel: KernelConfig,
+    queue_keys: Mapping[str, str],
+) -> Checked:
+    problem = identity_problem(tenant, op.queue, op.timer_key, kernel)
+    if problem is not None:
+        raise ApiError("invalid_operation", f"{where}: {problem}")
+    if op.txn is not None and check_txn(op.txn, kernel) is not None:
+        raise ApiError("invalid_operation", f"{where}: txn must be 1..{kernel.max_txn_bytes} bytes")
+    if isinstance(op, CancelOp):
+        return Checked(op)
+    if op.delay_ms < 0:
+        raise ApiError("invalid_operation", f"{where}: delayMs must be >= 0")
+    if op.delay_ms > limits.horizon_ms:
+        raise ApiError(
+            "horizon_exceeded",
+            f"{where}: delayMs {op.delay_ms} is beyond the horizon of {limits.horizon_ms} ms",
+        )
+    if isinstance(op, RescheduleOp):
+        return Checked(op)
+    payload = op.payload
+    ceiling = limits.payload_ceiling
+    key_id = queue_keys.get(op.queue)
+    if key_id is not None:
+        # The ceiling is on the clear payload, but the stored envelope must fit the kernel.
+        ceiling = min(ceiling, kernel.max_payload_bytes - crypto.ENVELOPE_OVERHEAD_BYTES(key_id))
+    if len(payload) > ceiling:
+        raise ApiError(
+            "payload_too_large", f"{where}: {len(payload)} bytes > ceiling {max(ceiling, 0)}"
+        )
+    headers = tuple(sorted(op.headers.items())) if op.headers else ()
+    if any(name.lower().startswith(RESERVED_HEADER_PREFIX) for name, _ in headers):
+        raise ApiError("server_owned_field", f"{where}: nereus-* headers are set by the server")
+    if check_headers(headers, kernel) is not None:
+        raise ApiError(
+            "invalid_operation",
+            f"{where}: headers: at most {kernel.max_headers}, names non-empty, "
+            f"{kernel.max_header_bytes} bytes in all",
+        )
+    return Checked(op, payload, headers)
