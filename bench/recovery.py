@@ -45,7 +45,7 @@ from tests.kafka_cluster import (
     wait_until,
 )
 from tests.kafka_env import create_topic, unique_topic
-from tests.own_broker import Broker, free_port
+from tests.own_broker import Broker, new_broker
 
 SHARDS = 8
 DEST_PARTITIONS = 8
@@ -54,16 +54,7 @@ CAPABILITIES = ("transactional", "idempotent")
 
 
 def _start_broker(root: str) -> Broker:
-    port, controller = free_port(), free_port()
-    state = Path(root) / "dest-broker"
-    env = dict(os.environ)
-    env.update(
-        NEREUS_KAFKA_PORT=str(port),
-        NEREUS_KAFKA_CONTROLLER_PORT=str(controller),
-        NEREUS_KAFKA_DIR=str(state),
-        NEREUS_KAFKA_STOP_TIMEOUT="10",
-    )
-    broker = Broker(f"127.0.0.1:{port}", state, env)
+    broker = new_broker(Path(root) / "dest-broker")
     broker.script("start")
     return broker
 

@@ -124,9 +124,9 @@ def own_broker_fixture(name: str) -> object:
     return fixture
 
 
-def _run_broker(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Broker]:
+def new_broker(state: Path) -> Broker:
+    """A broker (not started) on two free loopback ports, its state under `state`."""
     port, controller = free_port(), free_port()
-    state = tmp_path_factory.mktemp(name) / "broker"
     env = dict(os.environ)
     env.update(
         NEREUS_KAFKA_PORT=str(port),
@@ -134,7 +134,11 @@ def _run_broker(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator
         NEREUS_KAFKA_DIR=str(state),
         NEREUS_KAFKA_STOP_TIMEOUT="10",
     )
-    broker = Broker(f"127.0.0.1:{port}", state, env)
+    return Broker(f"127.0.0.1:{port}", state, env)
+
+
+def _run_broker(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Broker]:
+    broker = new_broker(tmp_path_factory.mktemp(name) / "broker")
     try:
         broker.script("start")
         yield broker

@@ -89,6 +89,16 @@ def capability_of(ident: int, flip: bool = False) -> k.Capability:
     return HANDOFF if (IDENTITIES[ident][2] == "k3") != flip else IMMEDIATE
 
 
+# The fencing identities producers send under: the first identity's producer cannot be
+# fenced (an idempotent producer), the others' can.
+FENCES: tuple[str | None, ...] = (None, "fence-a", "fence-b")
+OTHER_FENCE = "fence-elsewhere"
+
+
+def fence_of(ident: int) -> str | None:
+    return FENCES[ident % len(FENCES)]
+
+
 def deliver_action_at_ms(message: k.Message) -> int:
     """The earliest action time deliverAt allows, restated from the seeds rather than read
     from the message's (derived, mutable) action_at_ms."""
@@ -341,7 +351,17 @@ class DoAdmit:
     raw: bool = False
 
 
-ResultKind = Literal["published", "retriable", "permanent", "lane_unavailable", "unknown"]
+# "proven_absent": NOT_PUBLISHED with a proof under the attempt's own fence (or under some
+# fence, for an unfenced attempt); "proven_elsewhere": with a proof under another fence.
+ResultKind = Literal[
+    "published",
+    "retriable",
+    "permanent",
+    "lane_unavailable",
+    "unknown",
+    "proven_absent",
+    "proven_elsewhere",
+]
 OutcomeVariant = Literal["exact", "wrong_generation", "no_such_attempt"]
 
 
@@ -915,6 +935,7 @@ class Driver:
             capability=message.capability if message else capability_of(ident),
             interval=interval,
             capacity=k.Capacity(granted),
+            fence_id=fence_of(ident),
         )
 
     def _claim(self, a: DoClaim, ident: int) -> None:
@@ -971,6 +992,8 @@ class Driver:
                 result = k.NotPublished("lane_unavailable", "lane_closed")
             case "unknown":
                 result = k.Unknown("timeout")
+            case "proven_absent" | "proven_elsewhere":
+                result = k.NotPublished("retriable", "absent_after_fence")  # proof set below
         pool = self.admitted
         if a.open_only:
             pool = [x for x in pool if self._attempt_open(x)] or pool
@@ -980,6 +1003,10 @@ class Driver:
         attempt_id = pool[a.pick % len(pool)]
         attempt = self.state.attempt(attempt_id.encode())
         assert attempt is not None
+        if a.result in ("proven_absent", "proven_elsewhere"):
+            fence = OTHER_FENCE if a.result == "proven_elsewhere" else attempt.fence_id or "fence-a"
+            proof = k.AbsenceProof(fence, bp_ms, "everything read")
+            result = msgspec.structs.replace(result, proof=proof)
         generation = attempt.generation + (1 if a.variant == "wrong_generation" else 0)
         return k.PublishOutcome(attempt_id, attempt.message_id, generation, result)
 

@@ -197,6 +197,34 @@ def check_d_unknown_waits_for_evidence(step: StepRecord) -> None:
             assert step.outcome.code is k.Code.OUTCOME_ABSENCE_NOT_EVIDENCE
 
 
+# (d') absence after the fact only under the attempt's own fence ----------------------------
+
+
+def check_d_absence_only_with_its_fence(step: StepRecord) -> None:
+    """A NOT_PUBLISHED outcome carrying a proof of absence is recorded only for a PUBLISHING
+    attempt sent under a fence, and only when the proof names that very fence."""
+    record, out = step.entry.record, step.outcome
+    if not (
+        isinstance(record, k.PublishOutcome)
+        and isinstance(record.result, k.NotPublished)
+        and record.result.proof is not None
+    ):
+        return
+    before = step.before.attempt(record.attempt_id.encode())
+    if out.code is k.Code.OUTCOME_RECORDED:
+        assert before is not None and before.status is AttemptStatus.PUBLISHING
+        assert before.fence_id is not None
+        assert before.fence_id == record.result.proof.fence_id
+    elif (
+        before is not None
+        and before.status is AttemptStatus.PUBLISHING
+        and (before.message_id, before.generation) == (record.message_id, record.generation)
+        and before.fence_id != record.result.proof.fence_id
+        and out.code not in LOG_STRUCTURE_CODES
+    ):
+        assert out.code is k.Code.OUTCOME_PROOF_INVALID, out
+
+
 # (e) expiry only when proven and nothing is admitted --------------------------------------
 
 
@@ -296,6 +324,7 @@ class NeverRules:
         elif out.message_id is not None:
             self.crossings.setdefault(out.message_id, Crossing()).observe(step)
         check_d_unknown_waits_for_evidence(step)
+        check_d_absence_only_with_its_fence(step)
         check_e_expiry_only_when_proven(step)
         check_f_rejected_entry_changes_no_row(step)
         check_g_time_never_runs_backwards(step)

@@ -22,6 +22,7 @@ import kernel as k
 from adapters.cli import main as nereus
 from kernel.codes import POSITION_CODES
 from replay.fold import replay
+from storage.codec import frame
 from storage.errors import StoreError
 from storage.jsonl import JsonlLog, export_log, import_log
 from storage.snapshot import compact_log, read_snapshot, write_snapshot
@@ -337,3 +338,39 @@ def export_config(path: Path) -> k.KernelConfig:
     """The configuration an export carries in its header."""
     first = path.read_text(encoding="utf-8").splitlines()[0]
     return msgspec.convert(json.loads(first)["config"], k.KernelConfig)
+
+
+def test_an_export_and_a_snapshot_of_the_previous_versions_still_read(
+    store: ShardStore, exported: Path
+) -> None:
+    """Log export v1 and snapshot v3 came before Admissions carried a fence id: their
+    records and rows lack the field, and read with its default."""
+    lines = exported.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    assert header["version"] == 2
+    header["version"] = 1
+    old = [json.loads(line) for line in lines[1:]]
+    for entry in old:
+        entry["record"].pop("fence_id", None)
+    exported.write_text("\n".join(json.dumps(x) for x in [header, *old]) + "\n", encoding="utf-8")
+    assert list(JsonlLog(str(exported)).entries()) == list(store.iter_log())
+    path, written = write_snapshot(store)
+    assert written.version == 4
+    blob, out = Path(path).read_bytes(), bytearray()
+    first = True
+    while blob:
+        length = int.from_bytes(blob[:4], "big")
+        body = msgspec.msgpack.decode(blob[8 : 4 + length])
+        blob = blob[4 + length :]
+        if first:
+            body["version"], first = 3, False
+        elif body[0] == "attempts":
+            del body[2]["fence_id"]
+        framed = frame(msgspec.msgpack.encode(body))
+        out += len(framed).to_bytes(4, "big") + framed
+    Path(path).write_bytes(bytes(out))
+    header, memory = read_snapshot(path, store.config)
+    assert header.version == 3
+    attempts = list(memory.tables[k.Table.ATTEMPTS].values())
+    assert attempts and all(isinstance(a, k.Attempt) and a.fence_id is None for a in attempts)
+    assert k.state_digest(memory.state) == header.digest

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,9 +26,9 @@ from kernel.keys import timeline_key
 from kernel.model import AttemptStatus, Table, TimelineWork
 from replay.fold import replay
 from storage.base import LmdbBase
-from storage.codec import decode_struct
+from storage.codec import decode_struct, encode_value, frame
 from storage.errors import CorruptRecord, StoreError
-from storage.schema import SHARD_META_KEY, StoreOptions
+from storage.schema import HEADER_KEY, SCHEMA_VERSION, SHARD_META_KEY, StoreOptions
 from storage.snapshot import compact_log, write_snapshot
 from storage.store import Appendable, Applied, ShardStore
 from tests import strategies
@@ -507,3 +508,36 @@ def test_live_digest_equals_replay_through_a_seeded_random_workload(tmp_path: Pa
         assert counters.attempts_not_published > 0
         assert counters.expired + counters.canceled > 0
         assert store_problems(store) == []
+
+
+# Schema versions ----------------------------------------------------------------------------
+
+
+def test_a_version_3_store_is_migrated_in_place_and_its_rows_still_read(tmp_path: Path) -> None:
+    """A store written before attempts carried their fence id: its header says version 3 and
+    its attempt rows have no `fence_id` key. Opening it rewrites the header to the current
+    version in the same transaction as the check, and every row reads as before (an attempt
+    of a version-3 store was admitted unfenced)."""
+    path = str(tmp_path / "shard")
+    with ShardStore.open(path) as store:
+        store.commit([(schedule("a", delay_ms=0), PAYLOAD)], T0_MS)
+        store.commit([(admission_for(store, "a", T0_MS + 10), None)], T0_MS + 10)
+        digest = replay_digest(store)
+        env = store.env
+        header = msgspec.structs.replace(store.header, schema_version=3)
+        with env.env.begin(write=True) as txn:
+            txn.put(HEADER_KEY, encode_value(header), db=env.meta)
+            db = env.tables[Table.ATTEMPTS]
+            for key, raw in list(txn.cursor(db=db)):
+                row = msgspec.msgpack.decode(raw[4:])
+                del row["fence_id"]
+                txn.put(key, frame(msgspec.msgpack.encode(row)), db=db)
+    with ShardStore.open(path) as store:
+        assert store.header.schema_version == SCHEMA_VERSION == 4
+        with store.read() as view:
+            (attempt,) = [a for _, a in view.items(Table.ATTEMPTS)]
+        assert isinstance(attempt, k.Attempt) and attempt.fence_id is None
+        assert attempt.status is AttemptStatus.PUBLISHING
+        assert replay_digest(store) == digest
+    with ShardStore.open(path) as store:  # the header was rewritten durably
+        assert store.header.schema_version == SCHEMA_VERSION

@@ -32,7 +32,7 @@ from storage.codec import encode_value, timer_index_key
 from storage.errors import StoreError
 from storage.jsonl import export_log, import_log
 from storage.memory import MemoryStore
-from storage.schema import HEADER_KEY, StoreOptions
+from storage.schema import HEADER_KEY, SCHEMA_VERSION, StoreOptions
 from storage.snapshot import compact_log, read_snapshot, write_snapshot
 from storage.store import ShardStore
 from tests import strategies
@@ -393,7 +393,8 @@ def test_an_older_store_is_refused_with_how_to_rebuild_it(tmp_path: Path, versio
             for name in LATER_DBS[version]:
                 txn.drop(env.open_db(name, txn=txn), delete=True)
     with pytest.raises(
-        StoreError, match=rf"version {version} has no migration path to 3: .*`nereus import`"
+        StoreError,
+        match=rf"version {version} has no migration path to {SCHEMA_VERSION}: .*`nereus import`",
     ):
         ShardStore.open(str(tmp_path / "shard"))
     # The refusal wrote nothing: the older build that can export the store still reads it.
