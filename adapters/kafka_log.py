@@ -63,7 +63,7 @@ from kernel.effects import EntryOutcome
 from kernel.records import LogEntry, Schedule
 from runtime.log import Logger, NullLogger
 from runtime.metrics import Metrics
-from runtime.shardlog import ShardLost
+from runtime.shardlog import COMMIT_BUCKETS_S, COMMIT_SECONDS, ShardLost
 from storage.errors import StoreError
 from storage.schema import LogSource
 from storage.store import Appendable, Applied, ShardStore
@@ -146,6 +146,12 @@ class KafkaLog:
         self._offsets_proof_at = float("-inf")
         self._retry_at = 0.0
         self._undecodable = 0
+        self.metrics.describe(
+            COMMIT_SECONDS,
+            "histogram",
+            "Commits of the Kafka shard log: the fold of what was read (LMDB, synced) and the "
+            "tick's Kafka transaction.",
+        )
 
     # Opening ------------------------------------------------------------------------------
 
@@ -394,6 +400,7 @@ class KafkaLog:
         owner's copy of the fold is durable, and a crash in between only repeats it (a
         restarted owner folds the same entries again and answers again; a reply nobody
         waits for is ignored). The other order could lose replies."""
+        started = time.perf_counter()
         if not self._buffer:
             self._fill(0)
         self._unwritten.extend(items)
@@ -418,6 +425,8 @@ class KafkaLog:
                 self._on_reply(request_id, outcome)
         if lost:
             raise lost[0]
+        seconds = time.perf_counter() - started
+        self.metrics.observe(COMMIT_SECONDS, seconds, None, COMMIT_BUCKETS_S)
         return [], results
 
     def _write_due(self) -> bool:

@@ -48,6 +48,7 @@ from tests.kafka_cluster import (
     audit,
     check_delivery,
     check_stores_are_prefixes,
+    metric_sum,
     open_obligations,
     recovery_figures,
     schedule_many,
@@ -190,6 +191,8 @@ def test_kill_mid_fire_and_restart(
         # New timers, due at once: the restarted owner fires them while it settles.
         schedule_many(a, after, delay_ms=0)
         wait_until(_delivered([a], keys + after), 180, "every timer DELIVERED")
+        # Each shard's commits (fold + Kafka transaction) are timed in /metrics.
+        assert metric_sum(a, "nereus_commit_duration_seconds_count") > 0
     finally:
         a.stop()
     result = _audit(kafka_bootstrap, dest_broker, topics)
