@@ -1001,7 +1001,6 @@ class ShardRuntime:
         finds). Never re-send blindly; never infer absence without a fence. Every dead-letter
         copy still owed is looked for too (the process that owed it may have written it and
         died before recording it), then written if it is not there."""
-        wants: list[Want] = []
         with self.store.read() as view:
             for _key, pending in view.items(Table.DEAD_LETTERS):
                 assert isinstance(pending, DeadLetterPending)
@@ -1010,17 +1009,8 @@ class ShardRuntime:
                 assert isinstance(message, Message)
                 aid = dead_letter_attempt_id(pending.message_id, pending.generation)
                 self._look_for_copy(self._dead_letters[aid], aid, message, pending)
-            for key, ob in view.items(Table.OBLIGATIONS):
-                assert isinstance(ob, Obligation)
-                attempt = view.get(Table.ATTEMPTS, key)
-                assert isinstance(attempt, Attempt)
-                if attempt.status is not AttemptStatus.PUBLISHING:
-                    continue  # UNKNOWN ones are the reconciler's
-                message = view.get(Table.MESSAGES, str_key(ob.message_id))
-                assert isinstance(message, Message)
-                topic = self.destination.topic_for(message.queue)
-                lookup = Lookup(attempt.attempt_id, topic, ob.admitted_at_ms)
-                wants.append(Want(lookup, "attempt", attempt.fence_id))
+            # UNKNOWN ones are the reconciler's.
+            wants = self._open_attempts(view, AttemptStatus.PUBLISHING)
         self._recovering = {w.lookup.attempt_id for w in wants}
         self._recovery_started_ms = tick.now_ms
         self._recovery_counts = {}
@@ -1037,20 +1027,28 @@ class ShardRuntime:
         """Look for positive evidence of UNKNOWN attempts, all in one search."""
         if self.settler.busy():
             return  # whatever is being looked for now is looked for in full first
-        wants: list[Want] = []
         with self.store.read() as view:
-            for key, ob in view.items(Table.OBLIGATIONS):
-                assert isinstance(ob, Obligation)
-                attempt = view.get(Table.ATTEMPTS, key)
-                assert isinstance(attempt, Attempt)
-                if attempt.status is not AttemptStatus.UNKNOWN:
-                    continue
-                message = view.get(Table.MESSAGES, str_key(ob.message_id))
-                assert isinstance(message, Message)
-                topic = self.destination.topic_for(message.queue)
-                lookup = Lookup(attempt.attempt_id, topic, ob.admitted_at_ms)
-                wants.append(Want(lookup, "attempt", attempt.fence_id))
+            wants = self._open_attempts(view, AttemptStatus.UNKNOWN)
+        # Looks at attempts no longer UNKNOWN are of no use to a later retry.
+        unknown = {w.lookup.attempt_id for w in wants}
+        self._looked = {aid: at for aid, at in self._looked.items() if aid in unknown}
         self.settler.want(wants)
+
+    def _open_attempts(self, view: StoreView, status: AttemptStatus) -> list[Want]:
+        """A lookup for every open attempt in `status`."""
+        wants: list[Want] = []
+        for key, ob in view.items(Table.OBLIGATIONS):
+            assert isinstance(ob, Obligation)
+            attempt = view.get(Table.ATTEMPTS, key)
+            assert isinstance(attempt, Attempt)
+            if attempt.status is not status:
+                continue
+            message = view.get(Table.MESSAGES, str_key(ob.message_id))
+            assert isinstance(message, Message)
+            topic = self.destination.topic_for(message.queue)
+            lookup = Lookup(attempt.attempt_id, topic, ob.admitted_at_ms)
+            wants.append(Want(lookup, "attempt", attempt.fence_id))
+        return wants
 
     def _settle(self, tick: _Tick) -> list[Appendable]:
         """What finished searches prove, as records: PUBLISHED where the attempt was found;
