@@ -21,8 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kernel.timing import UNBOUNDED, TrustedInterval
-from runtime.clock import ClockStatus
+from nereus.kernel.timing import UNBOUNDED, TrustedInterval
+from nereus.runtime.clock import ClockStatus
 
 STA_UNSYNC = 0x0040
 
@@ -138,6 +138,9 @@ class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
+    def monotonic_ms(self) -> float:
+        return time.monotonic_ns() / 1_000_000
+
     def describe(self) -> ClockStatus:
         report = read_adjtimex()
         synced = report is not None and report.synchronized
@@ -188,6 +191,12 @@ class SimulatedClock:
     def now_ms(self) -> int:
         """What a naive reader of this clock would take as 'now'."""
         return self.true_ms + self.offset_ms
+
+    def monotonic_ms(self) -> float:
+        """The host's monotonic clock: the loop of a runtime on this clock runs in real
+        time, whatever the simulated time does (a test that never advances it must not
+        stall the loop)."""
+        return time.monotonic_ns() / 1_000_000
 
     def describe(self) -> ClockStatus:
         return ClockStatus(self.synchronized, float(self.error_ms), False, "simulated")

@@ -1,7 +1,7 @@
 """Payload encryption at schedule: AES-256-GCM envelopes bound to one timer.
 
     import base64, os
-    from adapters.crypto import Keyring, open_envelope, seal
+    from nereus.adapters.crypto import Keyring, open_envelope, seal
 
     keyring = Keyring({"k1": base64.b64encode(os.urandom(32)).decode()})
     ident = {"tenant": "acme", "queue": "reminders", "timer_key": "trial:acme:day7"}
@@ -38,10 +38,10 @@ import hmac
 import re
 import struct
 from collections.abc import Iterator, Mapping
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 __all__ = [
     "ALGORITHM",
@@ -113,6 +113,7 @@ class Keyring:
     def __init__(self, keys: Mapping[str, str]) -> None:
         ciphers: dict[str, AESGCM] = {}
         nonce_keys: dict[str, bytes] = {}
+        aesgcm = _aesgcm() if keys else None
         for key_id, encoded in keys.items():
             _check_key_id(key_id)
             if not isinstance(encoded, str):
@@ -127,7 +128,8 @@ class Keyring:
                 raise ValueError(
                     f"key {key_id!r}: decodes to {len(raw)} bytes, AES-256 needs {KEY_BYTES}"
                 )
-            ciphers[key_id] = AESGCM(raw)
+            assert aesgcm is not None
+            ciphers[key_id] = aesgcm(raw)
             # A separate key for nonces (key separation: the AES key never meets HMAC).
             nonce_keys[key_id] = hmac.new(raw, b"nereus nonce key v1", hashlib.sha256).digest()
         self._ciphers = ciphers
@@ -151,6 +153,17 @@ class Keyring:
 
     def _cipher(self, key_id: str) -> AESGCM | None:
         return self._ciphers.get(key_id)
+
+
+def _aesgcm() -> type[AESGCM]:
+    """AES-GCM from `cryptography`, an optional dependency: only encrypted queues need it."""
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+    except ImportError:
+        raise ValueError(
+            "encrypted queues need the cryptography package: pip install 'nereus[crypto]'"
+        ) from None
+    return AESGCM
 
 
 def _header(key_id: str) -> bytes:
@@ -236,6 +249,8 @@ def open_envelope(
         raise EnvelopeError(
             "unknown_key_id", f"key id {key_id!r} is not in the keyring {list(keyring.key_ids)}"
         )
+    from cryptography.exceptions import InvalidTag  # noqa: PLC0415  (a keyring imported it)
+
     aad = _associated_data(_header(key_id), tenant, queue, timer_key)
     try:
         return cipher.decrypt(nonce, ciphertext, aad)

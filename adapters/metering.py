@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from runtime.metrics import Metrics
+from nereus.runtime.metrics import Metrics
 
 METERED = "nereus_metered_messages_total"
 

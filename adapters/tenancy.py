@@ -13,23 +13,35 @@ encryption keys, and the bearer credentials that map to it (kept as sha256 diges
 
 Without a file the service has one tenant, `default`, that needs no credential and holds
 every grant (`Tenancy.open_default()`, `auth_disabled`).
+
+Secrets need not be written in the file: a value `{ env = "NAME" }` (a key of `[keys]`, a
+setting of `[kafka]`) is read from the environment variable NAME when the file is loaded,
+and a variable that is not set (or empty) refuses the file, naming both. `[kafka]` holds
+librdkafka client settings for Kafka mode (SASL, TLS, socket tuning, ...), given to every
+client Nereus makes; dotted names may be quoted (`"sasl.mechanism" = "PLAIN"`) or written
+as TOML's nested keys (`sasl.mechanism = "PLAIN"`), which is the same table. The settings
+Nereus makes per client itself (ids, idempotence, isolation, timeouts it depends on, the
+brokers) are refused here; librdkafka itself judges the rest when Kafka mode starts
+(`adapters.kafka.settings`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
 
-from adapters.crypto import Keyring
-from adapters.embedded import DEFAULT_TENANT
-from adapters.http.contract import GRANTS, MAX_PAYLOAD_CEILING_BYTES, Grant, HttpLimits
-from kernel.config import KernelConfig
+from nereus.adapters.crypto import Keyring
+from nereus.adapters.http.contract import GRANTS, MAX_PAYLOAD_CEILING_BYTES, Grant, HttpLimits
+from nereus.adapters.pulsar.config import PulsarRouting, parse_section, routing_for_url
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.keys import DEFAULT_TENANT
 
 _T = TypeVar("_T")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -102,7 +114,48 @@ class ConfigFile(_Strict, frozen=True):
     server: ServerSection = ServerSection()
     cell: CellSection = CellSection()
     keys: dict[str, object] = {}
+    kafka: dict[str, object] = {}  # librdkafka settings, see `kafka_settings`
     tenants: dict[str, object] = {}  # `TenantSection` each
+    # The destinations of queues (`adapters.pulsar.config`): checked by `pulsar_routing`.
+    pulsar: dict[str, object] = {}
+
+
+KafkaValue = str | int | float | bool
+
+# librdkafka settings that Nereus sets for each client it makes, from its own rules (and
+# the brokers from the command line): a value from the file would be overridden or would
+# break what Nereus relies on (idempotence, read_committed, fencing ids, its timeouts).
+RESERVED_KAFKA_SETTINGS: dict[str, str] = {
+    "bootstrap.servers": "give the brokers with --kafka (and --destination-bootstrap)",
+    "group.id": "the owners' group is --group",
+    "session.timeout.ms": "use --session-timeout-ms",
+    "linger.ms": "use --destination-linger-ms",
+    **{
+        name: ""
+        for name in (
+            "client.id",
+            "group.instance.id",
+            "transactional.id",
+            "enable.idempotence",
+            "acks",
+            "batch.size",
+            "partitioner",
+            "message.max.bytes",
+            "message.timeout.ms",
+            "transaction.timeout.ms",
+            "topic.metadata.propagation.max.ms",
+            "enable.auto.commit",
+            "enable.auto.offset.store",
+            "isolation.level",
+            "enable.partition.eof",
+            "auto.offset.reset",
+            "fetch.wait.max.ms",
+            "partition.assignment.strategy",
+            "heartbeat.interval.ms",
+            "max.poll.interval.ms",
+        )
+    },
+}
 
 
 # What the service runs with ---------------------------------------------------------------
@@ -151,6 +204,23 @@ class Tenancy:
     credentials: list[tuple[bytes, Principal]]  # (sha256 digest of the token, principal)
     keyring: Keyring
     auth_disabled: bool = False
+    # `[kafka]`: librdkafka client settings for Kafka mode, secrets resolved.
+    kafka_settings: dict[str, KafkaValue] = field(default_factory=dict)
+    pulsar: dict[str, object] = field(default_factory=dict)  # the raw `[pulsar]` section
+
+    def pulsar_routing(self, service_url: str | None) -> PulsarRouting | None:
+        """Which queues go to which Pulsar target (`[pulsar]`, `--pulsar URL`), or None when
+        every queue stays on the local destination."""
+        if self.pulsar:
+            return parse_section(
+                self.pulsar,
+                lambda key, problem: ConfigError(self.source, key, problem),
+                lambda value, typ, at: _convert(value, typ, at, self.source),
+                service_url=service_url,
+            )
+        if service_url is not None:
+            return routing_for_url(service_url, {})
+        return None
 
     @classmethod
     def open_default(cls) -> Tenancy:
@@ -207,7 +277,7 @@ def _explain(exc: msgspec.ValidationError) -> tuple[str | None, str]:
     return (key or None), problem[:1].lower() + problem[1:]
 
 
-def load_tenancy(path: str) -> Tenancy:
+def load_tenancy(path: str, environ: Mapping[str, str] | None = None) -> Tenancy:
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
@@ -215,11 +285,65 @@ def load_tenancy(path: str) -> Tenancy:
         raise ConfigError(path, None, f"cannot read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, None, f"not valid TOML: {exc}") from None
-    return parse_tenancy(doc, path)
+    return parse_tenancy(doc, path, environ)
 
 
-def parse_tenancy(doc: dict[str, object], source: str) -> Tenancy:
-    return _build(_convert(doc, ConfigFile, "", source), source)
+def parse_tenancy(
+    doc: dict[str, object], source: str, environ: Mapping[str, str] | None = None
+) -> Tenancy:
+    """`environ` (default: the process's) resolves `{ env = "NAME" }` values."""
+    env = os.environ if environ is None else environ
+    return _build(_convert(doc, ConfigFile, "", source), source, env)
+
+
+def _secret_name(value: object) -> str | None:
+    """NAME if `value` is the table `{ env = "NAME" }`."""
+    if isinstance(value, dict) and set(value) == {"env"} and isinstance(value["env"], str):
+        return value["env"]
+    return None
+
+
+def _resolve(value: object, key: str, source: str, env: Mapping[str, str]) -> object:
+    name = _secret_name(value)
+    if name is None:
+        return value
+    if not name:
+        raise ConfigError(source, key, "env must name an environment variable")
+    found = env.get(name)
+    if found is None:
+        raise ConfigError(source, key, f"the environment variable {name} is not set")
+    if not found:
+        raise ConfigError(source, key, f"the environment variable {name} is empty")
+    return found
+
+
+def kafka_settings(
+    table: Mapping[str, object], source: str, env: Mapping[str, str], prefix: str = ""
+) -> dict[str, KafkaValue]:
+    """`[kafka]` as flat librdkafka settings ("sasl.mechanism": "PLAIN"), secrets read."""
+    settings: dict[str, KafkaValue] = {}
+    for name, raw in table.items():
+        setting = f"{prefix}.{name}" if prefix else name
+        key = f"kafka.{setting}"
+        if isinstance(raw, dict) and _secret_name(raw) is None:
+            settings.update(kafka_settings(raw, source, env, setting))
+            continue
+        value = _resolve(raw, key, source, env)
+        if setting in RESERVED_KAFKA_SETTINGS:
+            hint = RESERVED_KAFKA_SETTINGS[setting]
+            raise ConfigError(
+                source,
+                key,
+                "Nereus sets this itself for each client it makes" + (f"; {hint}" if hint else ""),
+            )
+        if setting.endswith("_cb") or setting == "logger":
+            raise ConfigError(source, key, "a callback cannot be configured from a file")
+        if not isinstance(value, str | int | float | bool):
+            raise ConfigError(
+                source, key, f"must be a string, number or boolean, not {type(value).__name__}"
+            )
+        settings[setting] = value
+    return settings
 
 
 def _convert(value: object, typ: type[_T], at: str, source: str) -> _T:
@@ -238,7 +362,7 @@ def _name_ok(name: str) -> bool:
     return len(name.encode()) <= _MAX_NAME_BYTES
 
 
-def _build(cfg: ConfigFile, source: str) -> Tenancy:
+def _build(cfg: ConfigFile, source: str, env: Mapping[str, str]) -> Tenancy:
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(source, key, problem)
 
@@ -259,15 +383,17 @@ def _build(cfg: ConfigFile, source: str) -> Tenancy:
     ):
         raise fail("cell.max_payload_bytes", f"must be in [0, {MAX_PAYLOAD_CEILING_BYTES}] (1 MiB)")
     keys: dict[str, str] = {}
-    for key_id, encoded in cfg.keys.items():
+    for key_id, raw_key in cfg.keys.items():
+        encoded = _resolve(raw_key, f"keys.{key_id}", source, env)
         if not isinstance(encoded, str):
-            raise fail(f"keys.{key_id}", "must be a base64 string")
+            raise fail(f"keys.{key_id}", 'must be a base64 string or { env = "NAME" }')
         try:
             Keyring({key_id: encoded})
         except ValueError as exc:
             raise fail(f"keys.{key_id}", str(exc)) from None
         keys[key_id] = encoded
     keyring = Keyring(keys)
+    settings = kafka_settings(cfg.kafka, source, env)
     if not cfg.tenants:
         raise fail("tenants", "no tenant is configured: nobody could authenticate")
 
@@ -337,13 +463,26 @@ def _build(cfg: ConfigFile, source: str) -> Tenancy:
             blocked=t.blocked,
             queue_keys=queue_keys,
         )
-    return Tenancy(
+    tenancy = Tenancy(
         source=source,
         server=server,
         cell=cell,
         tenants=tenants,
         credentials=credentials,
         keyring=keyring,
+        kafka_settings=settings,
+        pulsar=cfg.pulsar,
+    )
+    if cfg.pulsar:
+        tenancy.pulsar_routing(None if _has_urls(cfg.pulsar) else "pulsar://unset")
+    return tenancy
+
+
+def _has_urls(section: dict[str, object]) -> bool:
+    """Whether every target names its service URL (else `--pulsar URL` must)."""
+    targets = section.get("targets")
+    return isinstance(targets, dict) and all(
+        isinstance(t, dict) and "service_url" in t for t in targets.values()
     )
 
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from runtime import compiled
+from nereus.runtime import compiled
 
 try:
     compiled.check()  # figures of a stale build would describe code that is not there

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from runtime import compiled
+from nereus.runtime import compiled
 
 PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
 T0_MS = 1_780_000_000_000

@@ -31,14 +31,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from adapters.clock import SystemClock
-from adapters.embedded import schedule_record
-from adapters.local_destination import LocalDestination
 from bench.common import PAYLOAD, Progress, pct
-from runtime.config import RuntimeConfig
-from runtime.destination import PreparedPublish, Send
-from runtime.shard import ShardRuntime
-from storage.store import ShardStore
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.local.destination import LocalDestination
+from nereus.adapters.local.embedded import schedule_record
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import PreparedPublish, Send
+from nereus.runtime.shard import ShardRuntime
+from nereus.storage.store import ShardStore
 
 CLOCK_ERROR_MS = 1.0
 DELAY_MS = 200
@@ -106,7 +106,7 @@ def throughput(root: str, timers: int) -> dict[str, Any]:
     progress = Progress("fire: throughput", timers)
     t = time.perf_counter()
     while store.meta.counters.delivered < timers:
-        runtime.tick()
+        runtime.run_once()
         progress.update(store.meta.counters.delivered)
     fired_s = time.perf_counter() - t
     early = sum(1 for lag in _stamped_lags(dest, "q") if lag < 0)

@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adapters.embedded import Nereus, schedule_record
 from bench.common import PAYLOAD, Progress
+from nereus.adapters.local.embedded import Nereus, schedule_record
 
 BATCH = 256
 DELAY_MS = 3_600_000
@@ -57,8 +57,8 @@ def _load(port: int, *args: str) -> dict[str, Any]:
 
 
 def run(calls: int, batches: int, rounds: int, seconds: float = 5.0) -> dict[str, Any]:
-    from adapters.http.api import TimerApi  # noqa: PLC0415  (may be mid-edit)
-    from adapters.http.server import HttpServer  # noqa: PLC0415
+    from nereus.adapters.http.api import TimerApi  # noqa: PLC0415  (may be mid-edit)
+    from nereus.adapters.http.server import HttpServer  # noqa: PLC0415
 
     spent = {"library_1": 0.0, "library_256": 0.0, "http_1": 0.0, "http_256": 0.0}
     done = dict.fromkeys(spent, 0)

@@ -35,14 +35,14 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from adapters.clock import SystemClock
-from adapters.embedded import schedule_record
-from adapters.kafka_destination import KafkaDestination, KafkaDestinationConfig
-from adapters.kafka_service import KafkaService, KafkaServiceConfig
 from bench.common import say
-from runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_GENERATION, H_MESSAGE_ID, H_TXN
-from runtime.shard import ShardRuntime
-from storage.store import ShardStore
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.kafka.destination import KafkaDestination, KafkaDestinationConfig
+from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
+from nereus.adapters.local.embedded import schedule_record
+from nereus.runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_GENERATION, H_MESSAGE_ID, H_TXN
+from nereus.runtime.shard import ShardRuntime
+from nereus.storage.store import ShardStore
 
 PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
 DEST_PARTITIONS = 2

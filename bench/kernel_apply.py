@@ -30,10 +30,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import kernel as k
 from bench import preload
 from bench.common import PAYLOAD, Progress, status_mb
-from kernel.records import decode_entry, encode_entry
+from nereus import kernel as k
+from nereus.kernel.records import decode_entry, encode_entry
 
 
 def workload(start: int, count: int, live: int, now_ms: int) -> Iterator[k.LogEntry]:

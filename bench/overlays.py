@@ -19,7 +19,7 @@ from typing import Any
 
 from pyrsistent import PMap, pmap
 
-from kernel.overlay import Overlay
+from nereus.kernel.overlay import Overlay
 
 ROUNDS_KEYS = 200_000
 

@@ -28,15 +28,29 @@ from typing import Any
 import msgspec
 
 from bench.common import PAYLOAD, T0_MS
-from kernel.commands import request_digest
-from kernel.config import KernelConfig
-from kernel.keys import message_id, timeline_key
-from kernel.model import TABLES, Message, PayloadRef, ShardMeta, Table, TenantUsage, TimelineWork
-from kernel.records import LogEntry, Schedule
-from storage.codec import encode_entry, encode_value, lane_index_key, position_key, timer_index_key
-from storage.memory import MemoryStore
-from storage.schema import HEADER_KEY, SHARD_META_KEY, PayloadBlob, StoreOptions
-from storage.store import ShardStore
+from nereus.kernel.commands import request_digest
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.keys import message_id, timeline_key
+from nereus.kernel.model import (
+    TABLES,
+    Message,
+    PayloadRef,
+    ShardMeta,
+    Table,
+    TenantUsage,
+    TimelineWork,
+)
+from nereus.kernel.records import LogEntry, Schedule
+from nereus.storage.codec import (
+    encode_entry,
+    encode_value,
+    lane_index_key,
+    position_key,
+    timer_index_key,
+)
+from nereus.storage.memory import MemoryStore
+from nereus.storage.schema import HEADER_KEY, SHARD_META_KEY, PayloadBlob, StoreOptions
+from nereus.storage.store import ShardStore
 
 TENANT = "t"
 QUEUES = 16

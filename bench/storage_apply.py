@@ -33,17 +33,17 @@ from typing import Any
 import lmdb
 import msgspec
 
-import kernel as k
-from adapters.clock import SystemClock
-from adapters.embedded import schedule_record
-from adapters.local_destination import LocalDestination
 from bench import preload
 from bench.common import PAYLOAD, T0_MS, Progress, say, status_mb
-from replay.fold import replay
-from runtime.shard import ShardRuntime
-from storage.codec import encode_entry
-from storage.schema import StoreOptions
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.local.destination import LocalDestination
+from nereus.adapters.local.embedded import schedule_record
+from nereus.replay.fold import replay
+from nereus.runtime.shard import ShardRuntime
+from nereus.storage.codec import encode_entry
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import ShardStore
 
 BATCHES = (1, 100, 1000)
 

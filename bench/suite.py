@@ -40,6 +40,7 @@ NAMES = (
     "http_api",
     "storage_apply",
     "kafka_fire",
+    "pulsar_fire",
     "recovery",
 )
 SETTLE_S = 3.0
@@ -69,6 +70,10 @@ ORDER = (
     "recovery_unknown",
     "recovery_first_idempotent",
     "recovery_settled_idempotent",
+    "pulsar_publish",
+    "pulsar_lag_ordinary",
+    "pulsar_lag_handoff",
+    "pulsar_early",
 )
 
 
@@ -110,6 +115,8 @@ class Settings:
     kafka_rate: int
     kafka_seconds: float
     recovery_inflight: list[int]
+    pulsar_url: str
+    pulsar_admin_url: str
     overlay_keys: int
     out: str
     cpu: int
@@ -156,6 +163,8 @@ def settings(args: argparse.Namespace) -> Settings:
         kafka_rate=500 if q else 1000,
         kafka_seconds=2.0 if q else 5.0,
         recovery_inflight=[0, 512] if q else [0, 512, 2048, 5000],
+        pulsar_url=args.pulsar_url,
+        pulsar_admin_url=args.pulsar_admin_url,
         overlay_keys=20_000 if q else 200_000,
         out=out,
         cpu=max(os.sched_getaffinity(0)),
@@ -376,6 +385,48 @@ def _kafka_fire(s: Settings, figs: dict[str, Figure]) -> Any:
     return r
 
 
+def _pulsar_fire(s: Settings, figs: dict[str, Figure]) -> Any:
+    if not s.pulsar_url:
+        for f in figs.values():
+            f.note = "NEREUS_PULSAR_URL is not set (nor --pulsar-url)"
+        raise Skipped("no broker")
+    from bench import pulsar_fire  # noqa: PLC0415  (late: see Bench)
+
+    timers = s.kafka_timers
+    r = pulsar_fire.run(
+        s.pulsar_url, s.pulsar_admin_url, timers, s.kafka_rate // 2, s.kafka_seconds
+    )
+    tp = r["throughput"]
+    f = figs["pulsar_publish"]
+    f.value, f.baseline = tp["fired_per_s"], tp["raw_produce_per_s"]
+    f.ratio = round(f.value / f.baseline, 4) if f.value and f.baseline else None
+    f.note = f"{tp['published']:,}/{tp['timers']:,} timers, one shard, early {tp['early']}"
+    if s.quick:
+        f.note += " (quick: too few records to judge the ratio)"
+    broker = r["broker"]
+    for key, fid in (
+        ("lag_ordinary", "pulsar_lag_ordinary"),
+        ("lag_handoff", "pulsar_lag_handoff"),
+    ):
+        lat = r[key]
+        f = figs[fid]
+        f.value = lat["visible_ms_p99"]
+        f.note = (
+            f"at {lat['rate_per_s']}/s: visible p50 {lat['visible_ms_p50']} ms; sent vs "
+            f"deliverAt p50 {lat['sent_ms_p50']} ms, p99 {lat['sent_ms_p99']} ms; early "
+            f"{lat['early']}; {lat['received']:,}/{lat['scheduled']:,} received"
+        )
+        if key == "lag_handoff":
+            strict = "strict" if broker["strict"] else "non-strict"
+            f.note += f"; the broker's tick {broker['tick_ms']} ms, {strict}"
+    early = tp["early"] + r["lag_ordinary"]["early"] + r["lag_handoff"]["early"]
+    f = figs["pulsar_early"]
+    f.value = early
+    f.met = early == 0
+    f.note = "throughput run and both lag runs"
+    return r
+
+
 def _recovery(s: Settings, figs: dict[str, Figure]) -> Any:
     if not s.kafka_bootstrap:
         for f in figs.values():
@@ -504,6 +555,20 @@ def declare() -> dict[str, tuple[Bench, list[Figure]]]:
                 Figure("kafka_lag", "fire lag p99 through Kafka", "kafka_fire", "ms", ""),
             ],
         ),
+        "pulsar_fire": (
+            _pulsar_fire,
+            [
+                Figure("pulsar_publish", "timers published to Pulsar (embedded LMDB log)",
+                       "pulsar_fire", "timers/s", "", baseline_unit="records/s",
+                       baseline_what="raw pulsar-client produce, same payloads and broker"),
+                Figure("pulsar_lag_ordinary", "visible lag p99, Pulsar ordinary delivery",
+                       "pulsar_fire", "ms", ""),
+                Figure("pulsar_lag_handoff", "visible lag p99, Pulsar delayed handoff",
+                       "pulsar_fire", "ms", ""),
+                Figure("pulsar_early", "early deliveries to Pulsar (the consumer's clock)",
+                       "pulsar_fire", "records", "== 0"),
+            ],
+        ),
         "recovery": (
             _recovery,
             [
@@ -592,6 +657,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apply-live", help="live counts of the apply curve (overrides)")
     parser.add_argument("--memory-live", help="live counts of the memory bench (overrides)")
     parser.add_argument("--kafka-bootstrap", default=os.environ.get("NEREUS_KAFKA_BOOTSTRAP", ""))
+    parser.add_argument("--pulsar-url", default=os.environ.get("NEREUS_PULSAR_URL", ""))
+    parser.add_argument(
+        "--pulsar-admin-url",
+        default=os.environ.get("NEREUS_PULSAR_ADMIN_URL", "http://127.0.0.1:18080"),
+    )
     parser.add_argument("--out", help="results directory")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(

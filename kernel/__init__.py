@@ -4,10 +4,10 @@
 performs I/O, reads a clock or draws randomness; `tests/test_kernel_purity.py` enforces it.
 """
 
-from kernel.codes import APPLIED_CODES, Code
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.effects import (
+from nereus.kernel.codes import APPLIED_CODES, Code
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.effects import (
     DeadLetter,
     Effect,
     EntryOutcome,
@@ -16,15 +16,15 @@ from kernel.effects import (
     TimelinePut,
     TimelineRemove,
 )
-from kernel.invariants import InvariantViolation, assert_invariants
-from kernel.keys import (
+from nereus.kernel.invariants import InvariantViolation, assert_invariants
+from nereus.kernel.keys import (
     attempt_prefix,
     dead_letter_key,
     message_id,
     parse_timeline_key,
     timeline_key,
 )
-from kernel.model import (
+from nereus.kernel.model import (
     Attempt,
     AttemptStatus,
     Counters,
@@ -39,7 +39,7 @@ from kernel.model import (
     TenantUsage,
     TimelineWork,
 )
-from kernel.records import (
+from nereus.kernel.records import (
     AbsenceProof,
     Cancel,
     Capability,
@@ -62,9 +62,9 @@ from kernel.records import (
     decode_entry,
     encode_entry,
 )
-from kernel.reducer import fold, reduce
-from kernel.state import MappingBase, State, StateBase
-from kernel.timing import (
+from nereus.kernel.reducer import fold, reduce
+from nereus.kernel.state import MappingBase, State, StateBase
+from nereus.kernel.timing import (
     UNBOUNDED,
     Decision,
     TimingLimits,

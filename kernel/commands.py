@@ -14,14 +14,14 @@ from typing import Final
 
 import msgspec
 
-from kernel.codes import Code
-from kernel.keys import message_id
-from kernel.model import Message, Status
-from kernel.records import Cancel, Reschedule, Schedule
-from kernel.rules import SAME, Rule, rule
-from kernel.step import Step
-from kernel.timing import validate_timing
-from kernel.validation import (
+from nereus.kernel.codes import Code
+from nereus.kernel.keys import message_id
+from nereus.kernel.model import FRESH_GENERATION, Message, Status
+from nereus.kernel.records import Cancel, Reschedule, Schedule
+from nereus.kernel.rules import SAME, Rule, rule
+from nereus.kernel.step import Step
+from nereus.kernel.timing import validate_timing
+from nereus.kernel.validation import (
     action_at,
     check_capability,
     check_headers,
@@ -192,15 +192,7 @@ def schedule(step: Step, r: Schedule) -> None:
         action_at_ms=action_at(deliver_at_ms, r.capability),
         has_work=True,
         request_digest=digest,
-        attempts_admitted=0,
-        attempts_spent=0,
-        failures=0,
-        open_attempts=0,
-        uncertain_retries=0,
-        last_error=None,
-        last_attempt_id=None,
-        delivered_attempt_id=None,
-        evidence=None,
+        **FRESH_GENERATION,
         created_at_ms=step.bp_ms,
         updated_at_ms=step.bp_ms,
         created_position=step.position,
@@ -256,16 +248,7 @@ def reschedule(step: Step, r: Reschedule) -> None:
         action_at_ms=action_at(deliver_at_ms, current.capability),
         has_work=True,
         request_digest=digest,
-        attempts_admitted=0,
-        attempts_spent=0,
-        failures=0,
-        open_attempts=0,
-        uncertain_retries=0,
-        last_error=None,
-        last_attempt_id=None,
-        delivered_attempt_id=None,
-        evidence=None,
-        dead_letter_evidence=None,
+        **FRESH_GENERATION,
         updated_at_ms=step.bp_ms,
         updated_position=step.position,
     )

@@ -12,7 +12,7 @@ import hashlib
 
 import msgspec
 
-from kernel.timing import TimingLimits
+from nereus.kernel.timing import TimingLimits
 
 DAY_MS = 24 * 3600 * 1000
 

@@ -12,8 +12,8 @@ import hashlib
 
 import msgspec
 
-from kernel.model import TABLES
-from kernel.state import State
+from nereus.kernel.model import TABLES
+from nereus.kernel.state import State
 
 _encode = msgspec.msgpack.Encoder().encode
 

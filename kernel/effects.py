@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from kernel.codes import Code
-from kernel.model import TimelineWork
-from kernel.records import Evidence
+from nereus.kernel.codes import Code
+from nereus.kernel.model import TimelineWork
+from nereus.kernel.records import Evidence
 
 
 # `gc=False`: effects are frozen values of strings, numbers and other frozen values, so they

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from kernel.keys import dead_letter_key, message_id, parse_timeline_key
-from kernel.model import (
+from nereus.kernel.keys import dead_letter_key, message_id, parse_timeline_key
+from nereus.kernel.model import (
     ATTEMPT_COUNTER,
     LIVE_STATUSES,
     OPEN_ATTEMPT_STATUSES,
@@ -29,8 +29,8 @@ from kernel.model import (
     TenantUsage,
     TimelineWork,
 )
-from kernel.state import State
-from kernel.validation import action_at
+from nereus.kernel.state import State
+from nereus.kernel.validation import action_at
 
 
 class Violation(NamedTuple):

@@ -12,10 +12,14 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from kernel.timing import MIN_TIME_MS
+from nereus.kernel.timing import MIN_TIME_MS
 
 _TIMELINE = struct.Struct(">Q16sQ")
 MESSAGE_ID_BYTES = 16
+
+# The tenant of every command that names none: a single-tenant deployment (the library, a
+# service without a tenants file) keeps all its timers under it.
+DEFAULT_TENANT = "default"
 
 
 # The keyed, personalised hash state before any input: copying it costs half of building

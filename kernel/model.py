@@ -10,11 +10,11 @@ schema (see `specs/records.md` for the field meanings). Message status describes
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
-from kernel.records import Capability, Evidence, ShardStatus
+from nereus.kernel.records import Capability, Evidence, ShardStatus
 
 
 class Table(StrEnum):
@@ -102,6 +102,23 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False)
     # DEAD_LETTERED only: where the dead-letter copy of this generation was written (set by
     # DEAD_LETTER_WRITTEN_V1; None while the copy is pending).
     dead_letter_evidence: Evidence | None = None
+
+
+# What every generation starts from, the first (SCHEDULE_V1) and each later one
+# (RESCHEDULE_V1): no Admissions, the whole budget, no failures, nothing delivered. One
+# list, so a field added to the budget cannot be reset by one command and kept by the other.
+FRESH_GENERATION: Final[dict[str, Any]] = {
+    "attempts_admitted": 0,
+    "attempts_spent": 0,
+    "failures": 0,
+    "open_attempts": 0,
+    "uncertain_retries": 0,
+    "last_error": None,
+    "last_attempt_id": None,
+    "delivered_attempt_id": None,
+    "evidence": None,
+    "dead_letter_evidence": None,
+}
 
 
 class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -247,3 +264,10 @@ ATTEMPT_COUNTER: dict[AttemptStatus, str] = {
     AttemptStatus.NOT_PUBLISHED: "attempts_not_published",
     AttemptStatus.UNKNOWN: "attempts_unknown",
 }
+
+
+# Here rather than in rules.py: mypyc compiles rules.py and cannot compile a subclass of a
+# builtin exception.
+class UnsupportedRow(AssertionError):
+    """A row names a transition the code has no branch for: the table and the code disagree,
+    which is a bug, never bad input. Raised rather than asserted so it holds under -O."""

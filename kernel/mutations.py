@@ -21,10 +21,10 @@ from typing import Final
 
 import msgspec
 
-from kernel.codes import Code
-from kernel.effects import DeadLetter, Publish, RevokeClaim
-from kernel.keys import attempt_prefix, lane_id, str_key
-from kernel.model import (
+from nereus.kernel.codes import Code
+from nereus.kernel.effects import DeadLetter, Publish, RevokeClaim
+from nereus.kernel.keys import attempt_prefix, lane_id, str_key
+from nereus.kernel.model import (
     Attempt,
     AttemptStatus,
     DeadLetterPending,
@@ -33,8 +33,9 @@ from kernel.model import (
     Obligation,
     Status,
     Table,
+    UnsupportedRow,
 )
-from kernel.records import (
+from nereus.kernel.records import (
     ClaimResult,
     DeadLetterWritten,
     Expire,
@@ -43,13 +44,14 @@ from kernel.records import (
     PublishAdmission,
     Published,
     PublishOutcome,
+    PublishResult,
     ShardState,
     Unknown,
 )
-from kernel.rules import OLD_GENERATION, SAME, attempt_rule, rule
-from kernel.step import Step
-from kernel.timing import Decision, decide
-from kernel.validation import action_at, check_identity, visible_at
+from nereus.kernel.rules import OLD_GENERATION, SAME, attempt_rule, rule
+from nereus.kernel.step import Step
+from nereus.kernel.timing import Decision, decide
+from nereus.kernel.validation import action_at, check_identity, visible_at
 
 # Enum members the hot paths compare against, as module globals: an Enum class attribute
 # goes through EnumType.__getattr__'s slot on Python 3.11 (~0.1 us a lookup, four times a
@@ -212,9 +214,30 @@ def outcome(step: Step, r: PublishOutcome) -> None:
         # fenced; any other producer may still write the record.
         return step.rejected(Code.OUTCOME_PROOF_INVALID, message, attempt_id=r.attempt_id)
 
-    # One replace per result kind, with the resolution fields and the kind's own (a field
-    # set twice takes its last value, as two replaces in a row would give).
-    status = _ATTEMPT_STATUS[arule.to_status]
+    # The attempt's fate is on the record: the claim it was sent under (if its owner still
+    # holds it) has done its work, whatever the result and whichever generation.
+    step.effects.append(
+        RevokeClaim(attempt.message_id, attempt.generation, _OUTCOME_RECORDED, attempt.claim_id)
+    )
+    resolved, op = _resolve_attempt(step, attempt, result, _ATTEMPT_STATUS[arule.to_status])
+    closes = resolved.status in (_ATTEMPT_PUBLISHED, _ATTEMPT_NOT_PUBLISHED)
+    if attempt.generation != message.generation:
+        verdict = rule(op, OLD_GENERATION, "-")
+        if verdict.to_status != SAME:
+            # The rows say a superseded generation's outcome is the ledger's alone; a table
+            # that says otherwise has no code here to carry it out.
+            raise UnsupportedRow(f"rule ({op}, {OLD_GENERATION}) moves the message")
+        return step.applied(verdict.code, message, attempt_id=r.attempt_id)
+    updated = _message_after_outcome(step, message, attempt, result, op=op, closes=closes)
+    step.applied(_OUTCOME_RECORDED, updated, attempt_id=r.attempt_id, evidence=resolved.evidence)
+
+
+def _resolve_attempt(
+    step: Step, attempt: Attempt, result: PublishResult, status: AttemptStatus
+) -> tuple[Attempt, str]:
+    """The attempt ledger's part of an outcome: the attempt's new row (one replace per
+    result kind) and, once it is settled, its obligation closed. Returns the row and the
+    operation name the message rules are keyed by."""
     match result:
         case Published(evidence=evidence):
             resolved = msgspec.structs.replace(
@@ -247,19 +270,43 @@ def outcome(step: Step, r: PublishOutcome) -> None:
             )
             op = "outcome_unknown"
     step.put_attempt(attempt, resolved)
-    closes = resolved.status in (_ATTEMPT_PUBLISHED, _ATTEMPT_NOT_PUBLISHED)
-    if closes:
+    if resolved.status in (_ATTEMPT_PUBLISHED, _ATTEMPT_NOT_PUBLISHED):
         step.delete(_OBLIGATIONS, str_key(attempt.attempt_id))
+    return resolved, op
 
-    if attempt.generation != message.generation:
-        assert rule(op, OLD_GENERATION, "-").to_status == SAME  # the ledger only
-        return step.applied(_OUTCOME_RECORDED, message, attempt_id=r.attempt_id)
 
+def _message_after_outcome(
+    step: Step,
+    message: Message,
+    attempt: Attempt,
+    result: PublishResult,
+    *,
+    op: str,
+    closes: bool,
+) -> Message:
+    """The message's part of an outcome of its current generation."""
     open_attempts = message.open_attempts - (1 if closes else 0)
-    if message.status is _PUBLISHING and isinstance(result, Published):
-        # The common case, delivered: `_touch`, the open count and the delivery in one
-        # replace (no field set twice), the same row as the general path below builds.
-        verdict = rule(op, message.status, "-")
+    if message.status not in (_PUBLISHING, _UNCERTAIN):
+        # Delivered or dead-lettered already: the status stays. A dead-lettered message whose
+        # unknown attempt is proven published keeps that evidence, so a later cancel can say
+        # where it went.
+        verdict = rule(op, _status(message), "-")
+        if verdict.to_status != SAME:
+            raise UnsupportedRow(f"rule ({op}, {message.status}) moves a settled message")
+        base = msgspec.structs.replace(_touch(step, message), open_attempts=open_attempts)
+        if (
+            isinstance(result, Published)
+            and message.status is Status.DEAD_LETTERED
+            and message.evidence is None
+        ):
+            base = msgspec.structs.replace(
+                base, evidence=result.evidence, delivered_attempt_id=attempt.attempt_id
+            )
+        step.put_message(message, base)
+        return base
+    if isinstance(result, Published):
+        # Delivered: `_touch`, the open count and the delivery in one replace.
+        verdict = rule(op, _status(message), "-")
         updated = msgspec.structs.replace(
             message,
             version=message.version + 1,
@@ -274,49 +321,13 @@ def outcome(step: Step, r: PublishOutcome) -> None:
         if message.has_work:
             step.remove_timeline(message)
         step.put_message(message, updated)
-        return step.applied(
-            _OUTCOME_RECORDED, updated, attempt_id=r.attempt_id, evidence=resolved.evidence
-        )
+        return updated
     base = msgspec.structs.replace(_touch(step, message), open_attempts=open_attempts)
-    if message.status not in (_PUBLISHING, _UNCERTAIN):
-        # Delivered or dead-lettered already: the status stays. A dead-lettered message whose
-        # unknown attempt is proven published keeps that evidence, so a later cancel can say
-        # where it went.
-        verdict = rule(op, _status(message), "-")
-        assert verdict.to_status == SAME
-        if (
-            isinstance(result, Published)
-            and message.status is Status.DEAD_LETTERED
-            and message.evidence is None
-        ):
-            base = msgspec.structs.replace(
-                base, evidence=result.evidence, delivered_attempt_id=attempt.attempt_id
-            )
-        step.put_message(message, base)
-        return step.applied(
-            _OUTCOME_RECORDED, base, attempt_id=r.attempt_id, evidence=resolved.evidence
+    if isinstance(result, NotPublished):
+        return _after_failure(
+            step, message, base, op, result.error_code, spends=result.disposition == "permanent"
         )
-
-    match result:
-        case Published(evidence=evidence):
-            verdict = rule(op, _status(message), "-")
-            updated = msgspec.structs.replace(
-                base,
-                status=_new_status(verdict.to_status),
-                evidence=evidence,
-                delivered_attempt_id=attempt.attempt_id,
-                has_work=False,
-            )
-            if message.has_work:
-                step.remove_timeline(message)
-            step.put_message(message, updated)
-        case NotPublished(disposition=disposition, error_code=error_code):
-            updated = _after_failure(
-                step, message, base, op, error_code, spends=disposition == "permanent"
-            )
-        case Unknown(reason=reason):
-            updated = _after_failure(step, message, base, op, f"unknown: {reason}", spends=False)
-    step.applied(_OUTCOME_RECORDED, updated, attempt_id=r.attempt_id, evidence=resolved.evidence)
+    return _after_failure(step, message, base, op, f"unknown: {result.reason}", spends=False)
 
 
 def _touch(step: Step, message: Message) -> Message:

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from kernel.timing import TrustedInterval
+from nereus.kernel.timing import TrustedInterval
 
 
 class _Tagged(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True):
@@ -115,13 +115,21 @@ class PublishAdmission(_Tagged, tag="PUBLISH_ADMISSION_V1", frozen=True):
     fence_id: str | None = None
 
 
-class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Where a destination says the record is: enough to find it again."""
+class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Where a destination says the record is: enough to find it again. `destination` is the
+    topic, `partition` and `offset` its position (Kafka, the local destination).
+
+    `broker_message_id` (store schema 5, snapshot v5, log export v3) is the destination's own
+    id of the record where a partition and an offset do not name it: Pulsar's message id as
+    `ledger:entry:partition:batch`, with `partition` Pulsar's partition index (-1 for a
+    non-partitioned topic) and `offset` -1. It is left out of the encoding when absent, so an
+    evidence without it is encoded byte for byte as before and older logs decode unchanged."""
 
     destination: str
     partition: int
     offset: int
     timestamp_ms: int
+    broker_message_id: str | None = None
 
 
 class _Result(msgspec.Struct, frozen=True, tag_field="result", forbid_unknown_fields=True):

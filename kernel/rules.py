@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from kernel.codes import Code
-from kernel.model import Status
+from nereus.kernel.codes import Code
+from nereus.kernel.model import Status
 
 ABSENT: Final = "ABSENT"
 OLD_GENERATION: Final = "OLD_GENERATION"

@@ -15,8 +15,8 @@ from typing import Final, Protocol, TypeVar, final
 
 import msgspec
 
-from kernel.config import KernelConfig
-from kernel.model import (
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.model import (
     Attempt,
     DeadLetterPending,
     Lane,
@@ -29,7 +29,7 @@ from kernel.model import (
     TimelineWork,
     Value,
 )
-from kernel.overlay import Overlay as PersistentOverlay
+from nereus.kernel.overlay import Overlay as PersistentOverlay
 
 
 class StateBase(Protocol):

@@ -18,10 +18,10 @@ from typing import Final, get_args
 
 import msgspec
 
-from kernel.codes import POSITION_CODES, Code
-from kernel.effects import Effect, EntryOutcome, RevokeClaim, TimelinePut, TimelineRemove
-from kernel.keys import dead_letter_key, str_key, timeline_key, usage_key
-from kernel.model import (
+from nereus.kernel.codes import POSITION_CODES, Code
+from nereus.kernel.effects import Effect, EntryOutcome, RevokeClaim, TimelinePut, TimelineRemove
+from nereus.kernel.keys import dead_letter_key, str_key, timeline_key, usage_key
+from nereus.kernel.model import (
     ATTEMPT_COUNTER,
     LIVE_STATUSES,
     PAYLOAD_HOLDING,
@@ -37,8 +37,8 @@ from kernel.model import (
     TimelineWork,
     Value,
 )
-from kernel.records import Evidence, LogEntry, Record, record_type, record_type_of
-from kernel.state import DELETED, Overlay, OverlayValue, State, _Deleted
+from nereus.kernel.records import Evidence, LogEntry, Record, record_type, record_type_of
+from nereus.kernel.state import DELETED, Overlay, OverlayValue, State, _Deleted
 
 # The tables every entry touches, as module globals: an Enum class attribute goes through
 # EnumType.__getattr__'s slot on Python 3.11 (~0.1 us a lookup, four times a global's),

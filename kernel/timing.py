@@ -20,7 +20,7 @@ from enum import StrEnum
 
 import msgspec
 
-from kernel.codes import Code
+from nereus.kernel.codes import Code
 
 # Bounds of an "unbounded" interval; far outside any plausible epoch-millisecond value but
 # still exact integers everywhere (msgpack, JSON, LMDB keys).
@@ -45,6 +45,12 @@ class TrustedInterval(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def width_ms(self) -> int:
         return self.latest_ms - self.earliest_ms
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the clock said anything: both ends are readings, not the limits of the
+        unbounded interval an unsynchronised clock gives (which no time decision can use)."""
+        return self.earliest_ms > MIN_TIME_MS and self.latest_ms < MAX_TIME_MS
 
 
 UNBOUNDED = TrustedInterval(MIN_TIME_MS, MAX_TIME_MS)

@@ -8,10 +8,10 @@ never from a clock reading, so replay recomputes identical absolute times.
 
 from __future__ import annotations
 
-from kernel.codes import Code
-from kernel.config import KernelConfig
-from kernel.records import Capability
-from kernel.timing import MAX_INSTANT_MS
+from nereus.kernel.codes import Code
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.records import Capability
+from nereus.kernel.timing import MAX_INSTANT_MS
 
 _HEX_DIGITS = "0123456789abcdef"
 # Header names the destination adapters write themselves; a client may not forge them.

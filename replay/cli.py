@@ -1,10 +1,15 @@
 """`nereus replay`: rebuild a shard's state from its log alone, and audit it.
 
-    nereus replay --data DIR [--obligations] [--verify] [--to POSITION] [--json]
+    nereus replay --data DIR [--shard N] [--obligations] [--verify] [--to POSITION] [--json]
     nereus replay --log FILE.jsonl [--obligations] [--to POSITION] [--json]
 
-Exit status: 0 done (and verified, with --verify); 1 the store differs from its replay;
-2 the store or log was refused (the message says which file and why).
+`--data` is the directory `nereus serve --data` was given (`replay.layout`): its one shard,
+or in Kafka mode every shard under it (or the one `--shard N` names), each in turn; a shard
+store's own directory works too. With several shards the text output has one section per
+shard and `--json` one document `{"shards": {"shard-0": {...}, ...}}`.
+
+Exit status: 0 done (and verified, with --verify); 1 a store differs from its replay;
+2 a store or log was refused (the message says which file and why).
 """
 
 from __future__ import annotations
@@ -16,18 +21,19 @@ from typing import Any
 
 import msgspec
 
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.records import LogEntry
-from replay.fold import ReplayResult, replay
-from replay.progress import Progress
-from replay.verify import first_difference
-from storage.errors import StoreError
-from storage.jsonl import JsonlLog
-from storage.memory import MemoryStore
-from storage.schema import StoreOptions
-from storage.snapshot import latest_snapshot, read_snapshot
-from storage.store import ShardStore
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.records import LogEntry
+from nereus.replay.fold import ReplayResult, replay
+from nereus.replay.layout import shard_stores
+from nereus.replay.progress import Progress
+from nereus.replay.verify import first_difference
+from nereus.storage.errors import StoreError
+from nereus.storage.jsonl import JsonlLog
+from nereus.storage.memory import MemoryStore
+from nereus.storage.schema import StoreOptions
+from nereus.storage.snapshot import latest_snapshot, read_snapshot
+from nereus.storage.store import ShardStore
 
 
 def register(sub: Any) -> None:
@@ -35,7 +41,8 @@ def register(sub: Any) -> None:
         "replay", help="rebuild state from the shard log; list obligations; verify the store"
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="a shard store directory")
+    src.add_argument("--data", help="the data directory of `nereus serve` (or one shard store)")
+    p.add_argument("--shard", type=int, metavar="N", help="only this shard (Kafka mode)")
     src.add_argument("--log", help="an exported JSON Lines log")
     p.add_argument("--obligations", action="store_true", help="list open obligations")
     p.add_argument("--verify", action="store_true", help="compare replay with the store")
@@ -63,7 +70,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.verify and args.data is None:
         print("nereus replay: --verify needs --data (a store to compare)", file=sys.stderr)
         return 2
+    if args.verify and args.to is not None:
+        print(
+            "nereus replay: --verify compares at the applied position; drop --to",
+            file=sys.stderr,
+        )
+        return 2
     if args.log is not None:
+        if args.shard is not None:
+            print("nereus replay: --shard goes with --data", file=sys.stderr)
+            return 2
         source = JsonlLog(args.log)
         config = source.header.config
         source.check_config(config)
@@ -77,19 +93,44 @@ def _run(args: argparse.Namespace) -> int:
         result, _ = _fold(source.entries(1, args.to), config, None, last, show_progress)
         _print(result, args, verified=None)
         return 0
+    stores = shard_stores(args.data, args.shard)
+    if len(stores) == 1:
+        result, verified = _replay_store(stores[0].path, args, show_progress)
+        _print(result, args, verified)
+        return 0 if verified in (None, "ok") else 1
+    code = 0
+    docs: dict[str, Any] = {}
+    for store in stores:
+        try:
+            result, verified = _replay_store(store.path, args, show_progress)
+        except StoreError as exc:
+            print(f"nereus replay: refused: {exc}", file=sys.stderr)
+            docs[store.name] = {"refused": str(exc)}
+            code = 2
+            continue
+        if verified not in (None, "ok"):
+            code = max(code, 1)
+        if args.json:
+            docs[store.name] = _doc(result, args, verified)
+        else:
+            print(f"== {store.name} ({store.path})")
+            _print(result, args, verified)
+    if args.json:
+        print(msgspec.json.encode({"shards": docs}).decode())
+    return code
 
+
+def _replay_store(
+    path: str, args: argparse.Namespace, show_progress: bool
+) -> tuple[ReplayResult, str | None]:
+    """Replay one store to --to (or its log's end); with --verify, compare it with the store:
+    "ok" or the first difference."""
     options = StoreOptions(check_invariants_on_open=False)
-    with ShardStore.open(args.data, options=options, create=False) as store:
+    with ShardStore.open(path, options=options, create=False) as store:
         if args.verify:
             target = store.meta.position
         else:
             target = store.log_last_position if args.to is None else args.to
-        if args.verify and args.to is not None:
-            print(
-                "nereus replay: --verify compares at the applied position; drop --to",
-                file=sys.stderr,
-            )
-            return 2
         start = _start_from_snapshot(store, target)
         first = (start.meta.position if start else 0) + 1
         result, replayed = _fold(
@@ -107,8 +148,7 @@ def _run(args: argparse.Namespace) -> int:
                     verified = "ok"
                 else:
                     verified = first_difference(live, replayed.state) or "digests differ"
-        _print(result, args, verified)
-        return 0 if verified in (None, "ok") else 1
+        return result, verified
 
 
 def _start_from_snapshot(store: ShardStore, target: int) -> MemoryStore | None:
@@ -141,18 +181,22 @@ def _fold(
     return result, store
 
 
+def _doc(result: ReplayResult, args: argparse.Namespace, verified: str | None) -> dict[str, Any]:
+    doc: dict[str, Any] = msgspec.to_builtins(result)
+    if not args.obligations:
+        doc["obligations_open"] = len(result.obligations)
+        del doc["obligations"]
+    if verified is not None:
+        doc["verify"] = {
+            "ok": verified == "ok",
+            "first_difference": None if verified == "ok" else verified,
+        }
+    return doc
+
+
 def _print(result: ReplayResult, args: argparse.Namespace, verified: str | None) -> None:
     if args.json:
-        doc: dict[str, Any] = msgspec.to_builtins(result)
-        if not args.obligations:
-            doc["obligations_open"] = len(result.obligations)
-            del doc["obligations"]
-        if verified is not None:
-            doc["verify"] = {
-                "ok": verified == "ok",
-                "first_difference": None if verified == "ok" else verified,
-            }
-        print(msgspec.json.encode(doc).decode())
+        print(msgspec.json.encode(_doc(result, args, verified)).decode())
         return
     c = result.counters
     print(f"position     {result.position:,} ({result.entries_folded:,} entries folded)")

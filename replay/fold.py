@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.effects import Effect, EntryOutcome
-from kernel.model import Attempt, Counters, Obligation, Table
-from kernel.records import LogEntry
-from kernel.state import State
-from storage.memory import MemoryStore
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.effects import Effect, EntryOutcome
+from nereus.kernel.model import Attempt, Counters, Obligation, Table
+from nereus.kernel.records import LogEntry
+from nereus.kernel.state import State
+from nereus.storage.memory import MemoryStore
 
 
 class ObligationView(msgspec.Struct, frozen=True):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kernel.model import TABLES, Table, Value
-from kernel.state import State
+from nereus.kernel.model import TABLES, Table, Value
+from nereus.kernel.state import State
 
 
 def first_difference(live: State, replayed: State) -> str | None:

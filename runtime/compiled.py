@@ -82,7 +82,7 @@ def compiled_modules() -> list[str]:
     return sorted(
         name
         for name, module in list(sys.modules.items())
-        if name.split(".")[0] in PACKAGES
+        if _package_of(name) in PACKAGES
         and (getattr(module, "__file__", None) or "").endswith(suffixes)
     )
 
@@ -90,18 +90,25 @@ def compiled_modules() -> list[str]:
 def describe() -> str:
     """Which build of the kernel this process runs, in a few words (report headers). Imports
     the reducer if nothing has yet, so call it after `prefer_source()` had its chance."""
-    import kernel.reducer  # noqa: F401, PLC0415  (lazily: prefer_source() runs first)
+    import nereus.kernel.reducer  # noqa: F401, PLC0415  (lazily: prefer_source() runs first)
 
     count = len(compiled_modules())
     return f"{count} modules compiled (mypyc)" if count else "Python source"
+
+
+def _package_of(module_name: str) -> str:
+    """`nereus.kernel.step` -> `kernel`; "" for a module outside the namespace."""
+    parts = module_name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "nereus" else ""
 
 
 class _SourceFirst(MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        package, _, name = fullname.partition(".")
-        if package not in PACKAGES or not name:
+        package = _package_of(fullname)
+        name = fullname.rpartition(".")[2]
+        if package not in PACKAGES or fullname.count(".") != 2:
             return None
         source = ROOT / package / f"{name}.py"
         if not source.exists():
@@ -111,7 +118,7 @@ class _SourceFirst(MetaPathFinder):
 
 def _imported_compiled() -> list[str]:
     """Modules that have a compiled build and are imported already (from either build)."""
-    names = {f"{source.parent.name}.{source.stem}" for source in extensions()}
+    names = {f"nereus.{source.parent.name}.{source.stem}" for source in extensions()}
     return sorted(names & sys.modules.keys())
 
 

@@ -18,13 +18,22 @@ the outcome says why (`AbsenceProof`). Without a fence, not finding a record pro
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast, runtime_checkable
 
 import msgspec
 
-from kernel.keys import attempt_prefix
-from kernel.records import AbsenceProof, Capability, Evidence, NotPublished, Published, Unknown
+from nereus.kernel.keys import attempt_prefix
+from nereus.kernel.records import (
+    IMMEDIATE,
+    AbsenceProof,
+    Capability,
+    Evidence,
+    NotPublished,
+    Published,
+    Unknown,
+)
 
 # Headers Nereus writes on every published record; clients may not send these names.
 H_MESSAGE_ID = "nereus-message-id"
@@ -56,8 +65,13 @@ def is_dead_letter_attempt(attempt_id: str) -> bool:
     return attempt_id.endswith(".dlq")
 
 
-class PreparedPublish(msgspec.Struct, frozen=True):
-    """The immutable descriptor a claim builds; its hash goes into the Admission."""
+class PreparedPublish(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The immutable descriptor a claim builds; its hash goes into the Admission.
+
+    `capability` is the one the timer is pinned to: a delayed-handoff target asks its broker
+    to reveal the record at `kernel.validation.visible_at(deliver_at_ms, capability)`. It is
+    left out of the encoding when immediate, so the hash of every other descriptor is what
+    it was before the field existed."""
 
     destination: str
     topic: str
@@ -70,6 +84,7 @@ class PreparedPublish(msgspec.Struct, frozen=True):
     deliver_at_ms: int
     producer_sub: str | None
     encrypted: bool
+    capability: Capability = IMMEDIATE
 
     def descriptor_hash(self) -> str:
         return hashlib.sha256(msgspec.msgpack.encode(self)).hexdigest()
@@ -140,6 +155,12 @@ class SearchOutcome(msgspec.Struct, frozen=True):
         return AbsenceProof(fence_id, fence.fenced_at_ms, self.searched)
 
 
+def proven_absent(proof: AbsenceProof, why: str) -> NotPublished:
+    """The outcome of an attempt its fence proves absent: definitely not at the destination,
+    so retriable, with the proof on the record."""
+    return NotPublished("retriable", "absent_after_fence", why, proof=proof)
+
+
 class Search(Protocol):
     def done(self) -> bool: ...
 
@@ -148,6 +169,21 @@ class Search(Protocol):
         ...
 
     def cancel(self) -> None: ...
+
+
+def find_one(
+    destination: Destination, attempt_id: str, topic: str, since_ms: int, timeout_s: float
+) -> Evidence | None:
+    """One lookup, waiting up to `timeout_s` for its search: for tools and tests, not the
+    runtime (which never waits on a search)."""
+    finished = threading.Event()
+    handle = destination.search([Lookup(attempt_id, topic, since_ms)], finished.set)
+    if not handle.done():
+        finished.wait(timeout_s)
+    if not handle.done():
+        handle.cancel()
+        return None
+    return handle.outcome().found.get(attempt_id)
 
 
 class FinishedSearch:
@@ -169,6 +205,9 @@ class FinishedSearch:
 
 class Destination(Protocol):
     name: str
+    # The capability of every queue, for a destination that offers one; one whose queues
+    # differ (a routed set of targets, a Pulsar target whose handoff may be withdrawn) also
+    # has the methods of `QueueCapabilities`, which `capability_for` and `accepts` prefer.
     capability: Capability
     # The fencing identity of the producer that sends (recorded in every Admission), or None
     # when the producer cannot be fenced and absence is never proven after the fact.
@@ -198,3 +237,49 @@ class Destination(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class QueueCapabilities(Protocol):
+    """A destination whose capability depends on the queue, or on what its target allows
+    right now (a Pulsar target withdraws its delayed handoff when the broker's settings stop
+    certifying it)."""
+
+    def capability_for(self, queue: str) -> Capability:
+        """The capability a new schedule on `queue` is pinned to."""
+        ...
+
+    def accepts(self, queue: str, capability: Capability) -> bool:
+        """Whether a timer pinned to `capability` may be claimed and sent on `queue` now:
+        False keeps it from being sent (its claim fails as capability_mismatch)."""
+        ...
+
+
+# Destination class -> whether it has QueueCapabilities' methods. An isinstance check against
+# a runtime-checkable protocol looks each method up anew (~20 us), and these run for every
+# schedule and every due timer; destinations define the methods on the class.
+_PER_QUEUE: dict[type, bool] = {}
+
+
+def _per_queue(destination: Destination) -> QueueCapabilities | None:
+    cls = type(destination)
+    known = _PER_QUEUE.get(cls)
+    if known is None:
+        known = _PER_QUEUE[cls] = isinstance(destination, QueueCapabilities)
+    return cast(QueueCapabilities, destination) if known else None
+
+
+def capability_for(destination: Destination, queue: str) -> Capability:
+    """The capability a schedule on `queue` is pinned to (the edges stamp it on SCHEDULE_V1)."""
+    per_queue = _per_queue(destination)
+    if per_queue is not None:
+        return per_queue.capability_for(queue)
+    return destination.capability
+
+
+def accepts(destination: Destination, queue: str, capability: Capability) -> bool:
+    """Whether the destination may send a timer of `queue` pinned to `capability` now."""
+    per_queue = _per_queue(destination)
+    if per_queue is not None:
+        return per_queue.accepts(queue, capability)
+    return destination.capability == capability

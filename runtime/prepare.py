@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from kernel.model import DeadLetterPending, Message
-from runtime.destination import (
+from nereus.kernel.model import DeadLetterPending, Message
+from nereus.kernel.records import IMMEDIATE, Capability
+from nereus.runtime.destination import (
     DLQ_CONSUMER_GROUP,
     DLQ_SUFFIX,
     H_CONSUMER_GROUP,
@@ -67,7 +68,12 @@ def prepare(
     if message.producer_sub is not None:
         headers.append((H_PRODUCER_SUB, message.producer_sub.encode()))
     prepared = _publish(
-        message, payload, destination, destination.topic_for(message.queue), headers
+        message,
+        payload,
+        destination,
+        destination.topic_for(message.queue),
+        headers,
+        capability=message.capability,
     )
     topic = prepared.topic
     limit = destination.max_record_bytes(topic)
@@ -144,8 +150,12 @@ def _publish(
     destination: Destination,
     topic: str,
     extra_headers: list[tuple[str, bytes]],
+    *,
+    capability: Capability = IMMEDIATE,
 ) -> PreparedPublish:
-    """A descriptor for `message` on `topic`: identity headers first, then `extra_headers`."""
+    """A descriptor for `message` on `topic`: identity headers first, then `extra_headers`.
+    A dead-letter copy is made with the immediate capability: it is written to the
+    dead-letter queue when the generation is dead-lettered, not handed off for later."""
     identity = [
         (H_MESSAGE_ID, message.message_id.encode()),
         (H_GENERATION, str(message.generation).encode()),
@@ -167,4 +177,5 @@ def _publish(
         deliver_at_ms=message.deliver_at_ms,
         producer_sub=message.producer_sub,
         encrypted=message.encrypted,
+        capability=capability,
     )

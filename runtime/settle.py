@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from kernel.records import AbsenceProof, Evidence
-from runtime.destination import Destination, Lookup, Search
+from nereus.kernel.records import AbsenceProof, Evidence
+from nereus.runtime.destination import Destination, Lookup, Search
 
 WantKind = Literal["attempt", "dead_letter"]
 
@@ -75,7 +75,6 @@ class Settler:
         self._running: _Running | None = None
         self._failures = 0
         self._retry_at_ms = 0
-        self.searches = 0  # searches finished, for metrics and tests
 
     def want(self, wants: Iterable[Want]) -> None:
         """Look for these in the next search (a lookup already waiting or being looked for
@@ -86,15 +85,8 @@ class Settler:
             if aid not in running:
                 self._queued.setdefault(aid, want)
 
-    def wanted(self, attempt_id: str) -> bool:
-        running = self._running is not None and attempt_id in self._running.wants
-        return running or attempt_id in self._queued
-
     def busy(self) -> bool:
         return self._running is not None or bool(self._queued)
-
-    def running(self) -> bool:
-        return self._running is not None
 
     def wake_at_ms(self) -> int | None:
         """When `step` has something to start, if it must wait for the retry delay."""
@@ -122,7 +114,6 @@ class Settler:
         if running is None or not running.search.done():
             return []
         self._running = None
-        self.searches += 1
         outcome = running.search.outcome()
         if outcome.complete and outcome.error is None:
             self._failures = 0

@@ -8,7 +8,7 @@ effects only after the fold is committed. Two logs implement the port:
 * `EmbeddedLog` (the default): the log lives in the shard's own LMDB environment;
   `commit` is `ShardStore.commit`, append and fold in one write transaction and one sync,
   so a tick's records are folded in the same call that appended them.
-* `adapters.kafka_log.KafkaLog`: the log is a Kafka topic partition. `commit` folds what
+* `adapters.kafka.log.KafkaLog`: the log is a Kafka topic partition. `commit` folds what
   the consumer has read (committed records only) and then produces the tick's records in
   one Kafka transaction; they are folded when they come back from the consumer, in a later
   tick. Until then `settled()` is False and the runtime proposes nothing new, so no proposal
@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from kernel.records import LogEntry
-from runtime.metrics import Metrics
-from storage.store import Appendable, Applied, ShardStore
+from nereus.kernel.records import LogEntry
+from nereus.runtime.metrics import Metrics
+from nereus.storage.store import Appendable, Applied, ShardStore
 
 
 class ShardLost(RuntimeError):

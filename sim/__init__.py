@@ -1,7 +1,8 @@
 """A deterministic whole-shard simulator (issue 7).
 
 It drives the real kernel, the real `ShardStore` on real LMDB in a temporary directory and
-the real `ShardRuntime` (its `tick()` called from the simulation loop, never its thread),
+the real `ShardRuntime` (its `tick(now)` called from the simulation loop with the simulated
+clock's reading, never its thread),
 with one seeded `random.Random`: an honest but drifting, stepping, sometimes unsynchronised
 clock whose true time only the simulator knows (`sim.clock`); a destination that fails,
 times out before and after writing, reports twice and acknowledges late (`sim.destination`);
@@ -11,13 +12,13 @@ gates (`sim.client`). The kernel invariants are checked after every step and eve
 checked against the committed store; after the run settles, `sim.audit` holds the log, the
 replay and the broker's writes to every promise Nereus makes.
 
-    python -m sim --seeds 200                 # what CI-sized runs look like, with figures
-    python -m sim --seed 17 --steps 400       # reproduce one seed (a failure prints this)
-    python -m sim --seed 17 --steps 400 -v    # ... with its event trace
+    python -m nereus.sim --seeds 200                 # what CI-sized runs look like, with figures
+    python -m nereus.sim --seed 17 --steps 400       # reproduce one seed (a failure prints this)
+    python -m nereus.sim --seed 17 --steps 400 -v    # ... with its event trace
 
 A long soak (hours; every seed is independent, so stop it whenever):
 
-    python -m sim --seeds 100000 --seed 1000000 --steps 2000
+    python -m nereus.sim --seeds 100000 --seed 1000000 --steps 2000
 
 `tests/test_simulator.py` runs `NEREUS_SIM_SEEDS` seeds (a small default) in the suite.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 
-from sim.world import SimFailure, World
+from nereus.sim.world import SimFailure, World
 
 DEFAULT_STEPS = 400
 

@@ -1,4 +1,4 @@
-"""`python -m sim --seeds N [--seed S] [--steps K] [-v] [--sync]`: run seeds S .. S+N-1.
+"""`python -m nereus.sim --seeds N [--seed S] [--steps K] [-v] [--sync]`: run seeds S .. S+N-1.
 
 Prints one summary line of figures at the end (for the reliability report). On the first
 failing seed it prints the failure and a one-line reproduce command and exits 1.
@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 
-from sim import DEFAULT_STEPS, SimFailure, run_seed
+from nereus.sim import DEFAULT_STEPS, SimFailure, run_seed
 
 
 def summary(figures: Counter[str], seconds: float) -> str:
@@ -60,9 +60,17 @@ def summary(figures: Counter[str], seconds: float) -> str:
         f"open_unknown={figures['open_unknown_attempts']}"
         f" proven_absent={figures['proven_absent']}"
         f" proof_refused={figures['code_outcome_proof_invalid']}",
+        f"lies={_fmt(_prefixed(figures, 'lie_'))} reached={_fmt(_prefixed(figures, 'reach_'))}",
+        f"clock_edges=(landed={_fmt(_prefixed(figures, 'clock_landed_'))}"
+        f" step_back_before_send={figures['clock_step_back_before_send']}"
+        f" sends_held={figures['sends_held_by_step_back']})",
         f"log_entries={figures['log_entries']}",
     ]
     return "sim: " + " | ".join(parts)
+
+
+def _prefixed(figures: Counter[str], prefix: str) -> dict[str, int]:
+    return {k[len(prefix) :]: v for k, v in sorted(figures.items()) if k.startswith(prefix)}
 
 
 def _fmt(d: dict[str, int]) -> str:
@@ -70,7 +78,7 @@ def _fmt(d: dict[str, int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m nereus.sim", description=__doc__)
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per seed")

@@ -8,9 +8,14 @@ Each check returns sentences; an empty list means the run kept every promise:
 1. replay of the log equals the live store (state digest, obligations) and yields the same
    effects the live folds did, and every reply a client got;
 2. no Admission while true time < deliverAt (actionAt, immediate targets) or >= expireAt;
-   no expiry while true time < expireAt; neither while the clock is unsynchronised;
+   no expiry while true time < expireAt; neither while the clock is unsynchronised; and the
+   seed's rules restated on each record's own evidence: an accepted schedule satisfies the
+   three V1 inequalities at its persistence time, an Admission's interval has latest <
+   expireAt and earliest >= deliverAt and its persistence time lies in [deliverAt,
+   expireAt), an expiry's interval has earliest >= expireAt and so has its persistence time;
 3. every write had its attempt durably PUBLISHING, committed before it, at true time >=
-   deliverAt; no attempt written twice; NOT_PUBLISHED never said of a written attempt,
+   deliverAt and while the runtime's clock proved it (earliest end >= deliverAt at the
+   write); no attempt written twice; NOT_PUBLISHED never said of a written attempt,
    PUBLISHED only with the broker's evidence; UNKNOWN never followed by NOT_PUBLISHED;
 4. two writes of one generation only behind a recorded UNKNOWN of the earlier attempt;
 5. nothing lost: every generation ever scheduled is superseded or ended DELIVERED (with the
@@ -22,6 +27,10 @@ Each check returns sentences; an empty list means the run kept every promise:
    its attempt id, filed under the DLQ consumer group with the generation's budget; the
    message keeps that evidence; no copy is owed once settled, and no copy was written for a
    generation that was never dead-lettered (copies are at-least-once: duplicates counted).
+
+Figures named `reach_*` count the inputs that put a check to work (a NOT_PUBLISHED report
+after UNKNOWN, one for a record the broker holds, a write at exactly its action time), so
+a test can require that the seeds it runs reach them.
 """
 
 from __future__ import annotations
@@ -29,14 +38,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kernel.codes import Code
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.effects import DeadLetter, Effect, EntryOutcome
-from kernel.invariants import check as invariant_violations
-from kernel.keys import message_id
-from kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from kernel.records import (
+from nereus.kernel.codes import Code
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.effects import DeadLetter, Effect, EntryOutcome
+from nereus.kernel.invariants import check as invariant_violations
+from nereus.kernel.keys import message_id
+from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
+from nereus.kernel.records import (
     DeadLetterWritten,
     Evidence,
     Expire,
@@ -49,15 +58,15 @@ from kernel.records import (
     Schedule,
     Unknown,
 )
-from kernel.reducer import reduce
-from kernel.state import State
-from replay.fold import obligations
-from replay.verify import first_difference
-from runtime.destination import DLQ_CONSUMER_GROUP, H_CONSUMER_GROUP, dead_letter_attempt_id
-from runtime.prepare import H_DLQ_ATTEMPTS_SPENT
-from sim.destination import Write
-from storage.memory import MemoryStore
-from storage.store import ShardStore
+from nereus.kernel.reducer import reduce
+from nereus.kernel.state import State
+from nereus.replay.fold import obligations
+from nereus.replay.verify import first_difference
+from nereus.runtime.destination import DLQ_CONSUMER_GROUP, H_CONSUMER_GROUP, dead_letter_attempt_id
+from nereus.runtime.prepare import H_DLQ_ATTEMPTS_SPENT
+from nereus.sim.destination import Write
+from nereus.storage.memory import MemoryStore
+from nereus.storage.store import ShardStore
 
 ENDED = frozenset({Status.DELIVERED, Status.CANCELED, Status.EXPIRED, Status.DEAD_LETTERED})
 
@@ -191,6 +200,8 @@ def _walk_log(
                 if key in a.dead_lettered:
                     a.fail(f"{key[0]}.{key[1]} dead-lettered twice")
                 a.dead_lettered[key] = (pos, effect)
+        if isinstance(record, PublishOutcome):
+            _reach_outcome(record, outcome.applied, a)
         if not outcome.applied:
             continue
         if pos in seen.committed_unsynced and isinstance(record, PublishAdmission | Expire):
@@ -202,6 +213,7 @@ def _walk_log(
                 assert outcome.generation is not None
                 if outcome.deliver_at_ms != deliver:
                     a.fail(f"position {pos}: deliverAt {outcome.deliver_at_ms}, spec {deliver}")
+                _check_v1_timing(pos, entry.persisted_at_ms, deliver, expire, config=config, a=a)
                 a.gens[(mid, outcome.generation)] = Generation(
                     mid, outcome.generation, deliver, expire, pos
                 )
@@ -218,6 +230,7 @@ def _walk_log(
                     )
                 if true_ms >= gen.expire_at_ms:
                     a.fail(f"attempt {record.attempt_id} admitted at/after expireAt")
+                _check_admission_evidence(record, entry.persisted_at_ms, gen, a)
             case PublishOutcome():
                 _outcome(record, pos, a)
             case DeadLetterWritten():
@@ -232,9 +245,55 @@ def _walk_log(
                         f"{record.message_id}.{record.generation} {outcome.code} at true "
                         f"{true_ms} before expireAt {gen.expire_at_ms}"
                     )
+                if min(record.interval.earliest_ms, entry.persisted_at_ms) < gen.expire_at_ms:
+                    a.fail(
+                        f"position {pos}: {outcome.code} on evidence earliest "
+                        f"{record.interval.earliest_ms} / persisted {entry.persisted_at_ms} "
+                        f"before expireAt {gen.expire_at_ms}"
+                    )
                 a.figures[f"expiry_{outcome.code}"] += 1
             case _:
                 pass
+
+
+def _check_v1_timing(
+    pos: int, bp_ms: int, deliver_ms: int, expire_ms: int, *, config: KernelConfig, a: Audit
+) -> None:
+    """The seed's three inequalities for an accepted schedule, at its persistence time."""
+    limits = config.limits
+    if expire_ms < max(deliver_ms, bp_ms) + limits.min_delivery_window_ms:
+        a.fail(f"position {pos}: accepted with less than the minimum delivery window")
+    if deliver_ms > bp_ms + limits.max_delay_horizon_ms:
+        a.fail(f"position {pos}: accepted with deliverAt beyond the horizon")
+    if expire_ms > bp_ms + limits.max_message_lifetime_ms:
+        a.fail(f"position {pos}: accepted with expireAt beyond the maximum lifetime")
+
+
+def _check_admission_evidence(
+    record: PublishAdmission, bp_ms: int, gen: Generation, a: Audit
+) -> None:
+    """Admission only when the whole interval is past the action time (never before
+    deliverAt) and before expireAt, persisted inside [deliverAt, expireAt)."""
+    interval = record.interval
+    where = f"attempt {record.attempt_id}"
+    if interval.latest_ms >= gen.expire_at_ms:
+        a.fail(f"{where} admitted on evidence whose latest end {interval.latest_ms} >= expireAt")
+    if interval.earliest_ms < gen.deliver_at_ms:
+        a.fail(f"{where} admitted on evidence whose earliest end is before deliverAt")
+    if not gen.deliver_at_ms <= bp_ms < gen.expire_at_ms:
+        a.fail(f"{where} admitted by an entry persisted at {bp_ms}, outside its window")
+
+
+def _reach_outcome(record: PublishOutcome, applied: bool, a: Audit) -> None:
+    """Counts the reports that put the NOT_PUBLISHED checks to work (see the docstring)."""
+    if not isinstance(record.result, NotPublished):
+        return
+    history = a.outcomes.get(record.attempt_id, [])
+    refused = "" if applied else "_refused"
+    if any(isinstance(r, Unknown) for _, r in history):
+        a.figures["reach_not_published_after_unknown" + refused] += 1
+    if a.written.get(record.attempt_id):
+        a.figures["reach_not_published_of_written" + refused] += 1
 
 
 def _outcome(record: PublishOutcome, pos: int, a: Audit) -> None:
@@ -312,6 +371,13 @@ def _check_writes(writes: list[Write], a: Audit) -> None:
                 f"write of {w.attempt_id} at true {w.true_ms} before deliverAt "
                 f"{gen.deliver_at_ms} (early by {gen.deliver_at_ms - w.true_ms} ms)"
             )
+        if w.earliest_ms < gen.deliver_at_ms:
+            a.fail(
+                f"write of {w.attempt_id} while the clock's earliest end {w.earliest_ms} was "
+                f"before its action time {gen.deliver_at_ms}: the send gate did not hold it"
+            )
+        elif w.earliest_ms == gen.deliver_at_ms:
+            a.figures["reach_write_at_exact_action_time"] += 1
         if admitted[0] > w.applied_position:
             a.fail(f"write of {w.attempt_id} before its Admission was committed")
     for group in by_gen.values():

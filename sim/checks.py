@@ -5,12 +5,12 @@ The end-of-run audit (which needs the whole log) is `sim.audit`.
 
 from __future__ import annotations
 
-from kernel.invariants import check as invariant_violations
-from kernel.keys import dead_letter_key, str_key
-from kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from runtime.destination import Send, dead_letter_attempt_id
-from storage.base import StoreView
-from storage.store import ShardStore
+from nereus.kernel.invariants import check as invariant_violations
+from nereus.kernel.keys import dead_letter_key, str_key
+from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
+from nereus.runtime.destination import Send, dead_letter_attempt_id
+from nereus.storage.base import StoreView
+from nereus.storage.store import ShardStore
 
 
 def send_problem(view: StoreView, send: Send) -> str | None:

@@ -17,10 +17,10 @@ import random
 from collections import Counter
 from typing import NamedTuple
 
-from kernel.config import KernelConfig
-from kernel.records import Cancel, LaneGate, Reschedule, Schedule, ShardState
-from sim.destination import MAX_RECORD_BYTES
-from storage.store import Appendable
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.records import Cancel, LaneGate, Reschedule, Schedule, ShardState
+from nereus.sim.destination import MAX_RECORD_BYTES
+from nereus.storage.store import Appendable
 
 TENANTS = ("t0", "t1")
 QUEUES = ("q0", "q1")

@@ -11,7 +11,12 @@ are conditional on that. Within honesty the clock misbehaves as real ones do:
 * steps: the offset jumps anywhere inside the bound, usually backwards, so the reported
   clock (and the log's persistence clock, which clamps) goes back in time;
 * loss of sync: the interval is unbounded, so nothing may be admitted or expired;
-* resync: a small fresh bound and offset, and a new drift.
+* resync: a small fresh bound and offset, and a new drift;
+* a step back right after a commit (`step_back`), the window between an Admission's commit
+  and its send, often to exactly one millisecond before the admitted action time;
+* landing an end of the interval exactly on an instant (`land`): the simulator aims the
+  earliest end at due work's actionAt and the latest end at a live timer's expireAt, the
+  edges where the rules' `>=` and `>` part.
 
 `lie_ms` breaks honesty on purpose (the reported clock runs ahead of its bound) so a test
 can prove the checks notice an early delivery.
@@ -21,8 +26,8 @@ from __future__ import annotations
 
 import random
 
-from kernel.timing import UNBOUNDED, TrustedInterval
-from runtime.clock import ClockStatus
+from nereus.kernel.timing import UNBOUNDED, TrustedInterval
+from nereus.runtime.clock import ClockStatus
 
 MAX_DRIFT_PPM = 800
 
@@ -53,6 +58,10 @@ class SimClock:
 
     def now_ms(self) -> int:
         return self.true_ms + self.offset_ms + self.lie_ms
+
+    def monotonic_ms(self) -> float:
+        # The simulated process's elapsed time is true time, which only moves forward.
+        return float(self.true_ms)
 
     def describe(self) -> ClockStatus:
         bound = float(self.error_ms) if self.synchronized else None
@@ -85,6 +94,41 @@ class SimClock:
             self.offset_ms = -self.error_ms if self.offset_ms <= 0 else self.error_ms
         self._check_honest()
         return self.offset_ms - before
+
+    def step_back(self, to_earliest_ms: int | None = None) -> int:
+        """Jump the reported clock backwards inside its bound: to put the earliest end at
+        `to_earliest_ms` when honesty allows it, anywhere behind otherwise. Returns the jump
+        (zero or negative)."""
+        before = self.offset_ms
+        wanted = None
+        if to_earliest_ms is not None:
+            wanted = to_earliest_ms + self.error_ms - self.true_ms - self.lie_ms
+        if wanted is not None and -self.error_ms <= wanted <= before:
+            self.offset_ms = wanted
+        else:
+            self.offset_ms = self._rng.randint(-self.error_ms, before)
+        self._check_honest()
+        return self.offset_ms - before
+
+    def land(self, end: str, target_ms: int) -> bool | None:
+        """Advance true time so that the interval's `end` ("earliest" or "latest") is
+        exactly `target_ms`, with a step correction inside the bound for what drift moved.
+        None (nothing done) when the target is behind that end; False when time advanced
+        but honesty forbade the last correction; True when the end is on the target."""
+        if not self.synchronized:
+            return None
+        interval = self.interval()
+        now_end = interval.earliest_ms if end == "earliest" else interval.latest_ms
+        if target_ms < now_end:
+            return None
+        self.advance(target_ms - now_end)
+        sign = -1 if end == "earliest" else 1
+        wanted = target_ms - self.true_ms - self.lie_ms - sign * self.error_ms
+        if abs(wanted) > self.error_ms:
+            return False
+        self.offset_ms = wanted
+        self._check_honest()
+        return True
 
     def grow_error(self, ms: int) -> None:
         """The bound widens (a missed sync poll, a noisy source)."""

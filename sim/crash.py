@@ -17,7 +17,9 @@ nothing in memory survives. The points, in the order a tick passes them:
 
 `SimLog` is the runtime's `ShardLog` port over the embedded log, with those three seams, and
 it records the TRUE time at which each position became durable (and whether the clock was
-synchronised then) and the effects the live fold produced, for the end-of-run checks.
+synchronised then) and the effects the live fold produced, for the end-of-run checks. Its
+`after_commit` callback lets the simulator move the clock in the window between a commit and
+the sends it allows.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernel.effects import Effect
-from kernel.records import LogEntry
-from runtime.shardlog import EmbeddedLog
-from storage.store import Appendable, Applied, ShardStore
+from nereus.kernel.effects import Effect
+from nereus.kernel.records import LogEntry
+from nereus.runtime.shardlog import EmbeddedLog
+from nereus.storage.store import Appendable, Applied, ShardStore
 
 CRASH_POINTS = (
     "before_commit",
@@ -71,8 +73,10 @@ class SimLog(EmbeddedLog):
         committed_at: dict[int, int],
         committed_unsynced: set[int],
         live_effects: dict[int, tuple[Effect, ...]],
+        after_commit: Callable[[list[Applied]], None] | None = None,
     ) -> None:
         super().__init__(store)
+        self.after_commit = after_commit
         self.faults = faults
         self.true_ms = true_ms
         self.synchronized = synchronized
@@ -99,5 +103,7 @@ class SimLog(EmbeddedLog):
             if not self.synchronized():
                 self.committed_unsynced.add(entry.position)
             self.live_effects[entry.position] = effects
+        if self.after_commit is not None:
+            self.after_commit(results)
         self.faults.hit("after_commit")
         return entries, results

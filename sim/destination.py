@@ -12,6 +12,15 @@ absent); a duplicated delivery report; and any of them acknowledged late. Result
 memory until their (true-time) release, so a crash loses them, like a producer's callbacks.
 `find` may miss during the chaotic phase (None proves nothing), never in the settled one.
 
+On some seeds the destination also lies, in the ways the audit guards against and the
+product must not believe: after a result it reported (UNKNOWN, or PUBLISHED of a record it
+holds), a later report says NOT_PUBLISHED for the same attempt; and an unfenced destination's
+search calls itself complete although it skipped a record it holds. An honest product
+refuses the late reports (the attempt is already UNKNOWN or resolved) and infers nothing
+from the search (no fence, no proof); the audit's checks fail the run if it did not. Lies
+that no product could see through (a first report that denies a write) are left to the
+tests that prove the audit catches them.
+
 Before every send the destination opens a read view of the shard store and records what it
 found there (`checks.send_problem`): a send must find its attempt durably PUBLISHING.
 """
@@ -23,8 +32,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published, Unknown
-from runtime.destination import (
+from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published, Unknown
+from nereus.runtime.destination import (
     H_ATTEMPT_ID,
     Fence,
     FinishedSearch,
@@ -34,11 +43,12 @@ from runtime.destination import (
     SearchOutcome,
     Send,
     SendResult,
+    is_dead_letter_attempt,
 )
-from sim.checks import send_problem
-from sim.clock import SimClock
-from sim.crash import Faults
-from storage.store import ShardStore
+from nereus.sim.checks import send_problem
+from nereus.sim.clock import SimClock
+from nereus.sim.crash import Faults
+from nereus.storage.store import ShardStore
 
 MAX_RECORD_BYTES = 4096
 
@@ -71,6 +81,7 @@ class Write:
     deliver_at_ms: int  # what the descriptor said; checks use their own deliverAt
     dlq: bool
     synchronized: bool  # whether the runtime's clock was synchronised at the write
+    earliest_ms: int  # the trusted interval's earliest end, as the runtime could read it then
     headers: tuple[tuple[str, bytes], ...]  # the record's headers, as written
     # The shard store at the moment of the write: its applied position, and the problem
     # (if any) with the attempt's durable state.
@@ -99,6 +110,7 @@ class Broker:
             deliver_at_ms=p.deliver_at_ms,
             dlq=p.topic.endswith(".dlq"),
             synchronized=clock.synchronized,
+            earliest_ms=clock.interval().earliest_ms,
             headers=send.headers(),
             applied_position=applied,
             problem=problem,
@@ -124,6 +136,7 @@ class FaultProfile:
     slow_rate: float  # probability that a result is acknowledged late
     duplicate_rate: float  # probability that a result is reported twice
     find_miss_rate: float  # probability that an evidence lookup misses a present record
+    lie_rate: float  # probability of a lie after a result or in a search (see the module)
     # Whether every incarnation's producer can be fenced: a restarted one then proves the
     # absence of what a complete search does not find (a dead incarnation writes nothing).
     fenced: bool = False
@@ -137,6 +150,7 @@ class FaultProfile:
             duplicate_rate=rng.choice((0.0, 0.05, 0.2)),
             find_miss_rate=rng.choice((0.0, 0.2, 0.5)),
             fenced=rng.random() < 0.5,
+            lie_rate=rng.choice((0.0, 0.0, 0.2, 0.5)),
         )
 
 
@@ -231,6 +245,7 @@ class SimDestination:
         if not self.profile.calm and self.rng.random() < self.profile.duplicate_rate:
             copies = 2
             self.stats["fault_duplicate_report"] += 1
+        last_ms = self.clock.true_ms
         for _ in range(copies):
             delay = 0
             if not self.profile.calm and self.rng.random() < self.profile.slow_rate:
@@ -238,6 +253,32 @@ class SimDestination:
                 self.stats["fault_slow_ack"] += 1
             self._order += 1
             self._inflight.append((self.clock.true_ms + delay, self._order, result))
+            last_ms = max(last_ms, self.clock.true_ms + delay)
+        self._maybe_lie(result, last_ms)
+
+    def _maybe_lie(self, result: SendResult, after_ms: int) -> None:
+        """A later report denying what was reported: NOT_PUBLISHED after UNKNOWN, or of a
+        record the broker holds after it was reported PUBLISHED. Released strictly after the
+        true report, so the product has recorded the truth before the lie arrives."""
+        if self.profile.calm or self.rng.random() >= self.profile.lie_rate:
+            return
+        if is_dead_letter_attempt(result.attempt_id):
+            return
+        r = result.result
+        if isinstance(r, Unknown):
+            self.stats["lie_not_published_after_unknown"] += 1
+        elif isinstance(r, Published):
+            self.stats["lie_not_published_of_written"] += 1
+        else:
+            return
+        lie = SendResult(
+            result.attempt_id,
+            result.message_id,
+            result.generation,
+            NotPublished("retriable", "sim_lie"),
+        )
+        self._order += 1
+        self._inflight.append((after_ms + self.rng.randint(1, 2_000), self._order, lie))
 
     def poll(self, timeout_s: float) -> list[SendResult]:
         now = self.clock.true_ms
@@ -261,7 +302,11 @@ class SimDestination:
                 continue
             if not self.profile.calm and self.rng.random() < self.profile.find_miss_rate:
                 self.stats["fault_find_miss"] += 1
-                complete = False
+                if self._fence is None and self.rng.random() < self.profile.lie_rate:
+                    # Claims to have read everything: without a fence that proves nothing.
+                    self.stats["lie_search_complete_but_missed"] += 1
+                else:
+                    complete = False
                 continue
             found[lookup.attempt_id] = evidence
         outcome = SearchOutcome(found, complete=complete, fence=self._fence, searched="sim broker")

@@ -1,16 +1,21 @@
 """One seeded simulation of a whole shard: the loop, restarts, the settling phase.
 
 Everything is single-threaded and drawn from one `random.Random(seed)`, so a seed replays
-exactly: the runtime's `tick()` is called from this loop (its thread is never started), the
-clock only moves between ticks, the destination acknowledges by true time, and the runtime
-is configured so that nothing it does depends on wall time (the reconcile pass gets an
-unbounded wall budget).
+exactly: the runtime's `tick(now)` is called from this loop with a reading of the simulated
+clock (its thread is never started), the clock moves between ticks (and inside one only right
+after a commit, never in true time: the send takes a reading of its own), and the destination
+acknowledges by true time. The runtime reads no clock of its own, so nothing it does depends
+on wall time; its monotonic clock is the simulation's true time.
 
 A step: maybe disturb the clock; maybe submit a client batch; maybe arm a crash for this tick;
-tick; maybe crash between ticks; collect replies; check the kernel invariants and the sends;
-advance true time. After the steps the run settles: the clock is synchronised with a small
-bound, the destination stops failing, gates open and the shard is active, and time runs on
-until nothing is pending, so the audit (`sim.audit`) sees every message's end.
+tick (after a commit that admitted attempts the clock may step back, inside its bound, before
+the sends); maybe crash between ticks; collect replies; check the kernel invariants and the
+sends; advance true time (sometimes exactly to an edge: the interval's earliest end on due
+work's actionAt, or its latest or earliest end on a live timer's expireAt).
+
+After the steps the run settles: the clock is synchronised with a small bound, the
+destination stops failing, gates open and the shard is active, and time runs on until
+nothing is pending, so the audit (`sim.audit`) sees every message's end.
 """
 
 from __future__ import annotations
@@ -22,22 +27,25 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Sequence
 
-from kernel.config import KernelConfig
-from kernel.effects import Effect, EntryOutcome
-from kernel.model import Table
-from kernel.records import LaneGate, ShardState, encode_entry
-from kernel.timing import TimingLimits
-from runtime.config import RuntimeConfig
-from runtime.errors import RuntimeHalted
-from runtime.shard import CommandFuture, ShardRuntime
-from sim.audit import Observed, audit
-from sim.checks import step_problems
-from sim.client import Client
-from sim.clock import SimClock
-from sim.crash import CRASH_POINTS, Faults, SimCrash, SimLog
-from sim.destination import Broker, FaultProfile, SimDestination
-from storage.schema import StoreOptions
-from storage.store import Appendable, ShardStore
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import Effect, EntryOutcome, Publish
+from nereus.kernel.keys import parse_timeline_key
+from nereus.kernel.model import Message, Status, Table
+from nereus.kernel.records import LaneGate, ShardState, encode_entry
+from nereus.kernel.timing import TimingLimits
+from nereus.runtime.clock import read_clock
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.errors import RuntimeHalted
+from nereus.runtime.intake import CommandFuture
+from nereus.runtime.shard import ShardRuntime
+from nereus.sim.audit import Observed, audit
+from nereus.sim.checks import step_problems
+from nereus.sim.client import Client
+from nereus.sim.clock import SimClock
+from nereus.sim.crash import CRASH_POINTS, Faults, SimCrash, SimLog
+from nereus.sim.destination import Broker, FaultProfile, SimDestination
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import Appendable, Applied, ShardStore
 
 T0_MS = 1_780_000_000_000
 # Short horizons and a small budget, so expiry, backoff and dead-lettering happen within a
@@ -62,7 +70,7 @@ class SimFailure(AssertionError):
         self.seed = seed
         self.steps = steps
         self.reason = reason
-        self.reproduce = f"python -m sim --seed {seed} --steps {steps}"
+        self.reproduce = f"python -m nereus.sim --seed {seed} --steps {steps}"
         tail = "\n".join(trace)
         super().__init__(
             f"seed {seed}: {reason}\n"
@@ -95,6 +103,10 @@ class World:
         self.crash_rate = rng.choice((0.0, 0.01, 0.03, 0.08))
         self.clock_rate = rng.choice((0.01, 0.05, 0.15))
         self.command_rate = rng.choice((0.1, 0.3, 0.6))
+        # How often the clock steps back between an Admission's commit and its send, and
+        # how often time is advanced to exactly an edge of the rules.
+        self.step_back_rate = rng.choice((0.0, 0.3, 0.8))
+        self.edge_rate = rng.choice((0.0, 0.15, 0.4))
         self.runtime_config = RuntimeConfig(
             owner="sim",
             # Small per-tick budgets on some seeds, so a backlog builds up behind them.
@@ -150,6 +162,7 @@ class World:
             committed_at=self.committed_at,
             committed_unsynced=self.committed_unsynced,
             live_effects=self.live_effects,
+            after_commit=self._after_commit,
         )
         self.runtime = ShardRuntime(
             self.store, self.destination, self.clock, config=self.runtime_config, shard_log=log
@@ -211,13 +224,65 @@ class World:
             self._restart(point)
         self._collect()
         self._check()
+        self._advance()
+
+    def _after_commit(self, results: list[Applied]) -> None:
+        """The window between a commit that admitted attempts and their sends: the clock may
+        step back inside its bound, often to 1 ms before the earliest admitted action time,
+        so the send gate must wait for a fresh proof."""
+        actions = [
+            e.action_at_ms for _, effects in results for e in effects if isinstance(e, Publish)
+        ]
+        if not actions or not self.clock.synchronized:
+            return
+        if self.rng.random() >= self.step_back_rate:
+            return
+        target = min(actions) - 1 if self.rng.random() < 0.5 else None
+        jump = self.clock.step_back(target)
+        self.stats["clock_step_back_before_send"] += 1
+        if self.clock.interval().earliest_ms < min(actions):
+            self.stats["sends_held_by_step_back"] += 1
+        self.trace(f"clock step {jump} ms between the Admission commit and the send")
+
+    def _advance(self) -> None:
+        if self.rng.random() < self.edge_rate:
+            edges = self._edges()
+            if edges:
+                end, target_ms, name = self.rng.choice(edges)
+                landed = self.clock.land(end, target_ms)
+                if landed is not None:
+                    if landed:
+                        self.stats[name] += 1
+                        self.trace(f"clock {end} end landed on {target_ms} ({name})")
+                    return
         self.clock.advance(self._dt())
+
+    def _edges(self) -> list[tuple[str, int, str]]:
+        """Instants the rules part at, within a few seconds: the timeline head's actionAt
+        (for the earliest end) and live timers' expireAt (for either end)."""
+        interval = self.clock.interval()
+        horizon_ms = interval.latest_ms + 6_000
+        edges: list[tuple[str, int, str]] = []
+        with self.store.read() as view:
+            head = view.first_timeline_key()
+            if head is not None:
+                action_at_ms = parse_timeline_key(head)[0]
+                if interval.earliest_ms <= action_at_ms <= horizon_ms:
+                    edges.append(("earliest", action_at_ms, "clock_landed_earliest_on_action_at"))
+            for _key, m in view.items(Table.MESSAGES):
+                if not isinstance(m, Message) or m.status is not Status.SCHEDULED:
+                    continue
+                if interval.latest_ms <= m.expire_at_ms <= horizon_ms:
+                    edges.append(("latest", m.expire_at_ms, "clock_landed_latest_on_expire_at"))
+                if interval.earliest_ms <= m.expire_at_ms <= horizon_ms:
+                    edges.append(("earliest", m.expire_at_ms, "clock_landed_earliest_on_expire_at"))
+        return edges
 
     def _tick(self) -> bool:
         """One runtime tick; False if the process crashed in it (and was restarted)."""
         self.stats["ticks"] += 1
         try:
-            self.runtime.tick()
+            self.runtime.tick(read_clock(self.clock))
         except SimCrash as crash:
             self._restart(crash.point)
             return False

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kernel.keys import usage_key
-from kernel.model import LIVE_STATUSES, Message, Table, TenantUsage, Value
-from storage.codec import decode_struct, decode_value, lane_prefix, timer_index_key
-from storage.errors import CorruptRecord
-from storage.schema import PayloadBlob
+from nereus.kernel.keys import usage_key
+from nereus.kernel.model import LIVE_STATUSES, Message, Table, TenantUsage, Value
+from nereus.storage.codec import decode_struct, decode_value, lane_prefix, timer_index_key
+from nereus.storage.errors import CorruptRecord
+from nereus.storage.schema import PayloadBlob
 
 NO_USAGE = TenantUsage(live=0, bytes=0)
 

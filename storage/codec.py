@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from kernel.model import VALUE_TYPES, Table, Value
-from kernel.records import LogEntry
-from storage.errors import CorruptRecord
+from nereus.kernel.model import VALUE_TYPES, Table, Value
+from nereus.kernel.records import LogEntry
+from nereus.storage.errors import CorruptRecord
 
 T = TypeVar("T")
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import lmdb
 
-from kernel.model import TABLES, Table
-from storage.errors import StoreError
-from storage.lmdbcheck import check_data_file
-from storage.preflight import check_structure as walk_structure
-from storage.schema import HEADER_KEY, check_schema
+from nereus.kernel.model import TABLES, Table
+from nereus.storage.errors import StoreError
+from nereus.storage.lmdbcheck import check_data_file
+from nereus.storage.preflight import check_structure as walk_structure
+from nereus.storage.schema import HEADER_KEY, check_schema
 
 LOG_DB = b"log"  # position (8 bytes BE) -> framed LogEntry
 PAYLOAD_BYTES_DB = b"payload_bytes"  # digest -> framed PayloadBlob

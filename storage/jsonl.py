@@ -13,16 +13,17 @@ from typing import TextIO
 
 import msgspec
 
-from kernel.config import KernelConfig
-from kernel.records import LogEntry, entry_from_json, entry_to_json
-from storage.errors import StoreError
-from storage.store import ShardStore
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.records import LogEntry, entry_from_json, entry_to_json
+from nereus.storage.errors import StoreError
+from nereus.storage.store import ShardStore
 
 LOG_FORMAT = "nereus-log"
 # 2: Admissions may carry a fence id and NOT_PUBLISHED outcomes a proof of absence (both
-# optional fields, so a version-1 export still reads).
-LOG_VERSION = 2
-READABLE_LOG_VERSIONS = frozenset({1, 2})
+# optional fields, so a version-1 export still reads). 3: evidence may carry the destination's
+# own message id (`broker_message_id`, Pulsar; optional as well).
+LOG_VERSION = 3
+READABLE_LOG_VERSIONS = frozenset({1, 2, 3})
 
 
 class LogHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

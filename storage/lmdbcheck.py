@@ -66,7 +66,7 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
-from storage.errors import StoreError
+from nereus.storage.errors import StoreError
 
 MAGIC = 0xBEEFC0DE
 DATA_VERSION = 1

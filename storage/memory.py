@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from kernel.config import KernelConfig
-from kernel.effects import Effect
-from kernel.keys import usage_key
-from kernel.model import LIVE_STATUSES, TABLES, Message, ShardMeta, Table, TenantUsage, Value
-from kernel.records import LogEntry
-from kernel.reducer import reduce
-from kernel.state import MappingBase, State
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import Effect
+from nereus.kernel.keys import usage_key
+from nereus.kernel.model import LIVE_STATUSES, TABLES, Message, ShardMeta, Table, TenantUsage, Value
+from nereus.kernel.records import LogEntry
+from nereus.kernel.reducer import reduce
+from nereus.kernel.state import MappingBase, State
 
 Observer = Callable[[LogEntry, tuple[Effect, ...]], None]
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import lmdb
 
-from storage.errors import StoreError
+from nereus.storage.errors import StoreError
 
 _LMDB_ERROR_EXIT = 3
 _OTHER_ERROR_EXIT = 4

@@ -13,6 +13,10 @@ table (dead-letter copies owed, which hold their payload in place of the DEAD_LE
 message) and the message's dead-letter evidence; 4 adds the attempt's fence id (the fencing
 identity of the producer that sends it). Version 3 migrates to 4 by rewriting the header
 only: the new field is optional, and an attempt of a version-3 store was admitted unfenced.
+5: evidence may carry the destination's own message id (`Evidence.broker_message_id`, Pulsar);
+version 4 migrates to 5 by rewriting the header only (no row of it has one). The bump keeps
+an older build from misreading a store that holds such evidence: it refuses the newer version
+by name instead of failing on an unknown field.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from kernel.config import KernelConfig
-from storage.codec import decode_struct, encode_value
-from storage.errors import StoreError
+from nereus.kernel.config import KernelConfig
+from nereus.storage.codec import decode_struct, encode_value
+from nereus.storage.errors import StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 HEADER_KEY = b"store_header"
 SHARD_META_KEY = b"shard_meta"
 LOG_INFO_KEY = b"log_info"
@@ -39,7 +43,7 @@ def _rows_unchanged(_txn: Any) -> None:
 
 # from-version -> function migrating an open write transaction to from-version + 1 (the
 # caller rewrites the header's version in the same transaction)
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _rows_unchanged}
+MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _rows_unchanged, 4: _rows_unchanged}
 
 # from-version -> what the refusal of such a store tells the operator to do instead
 REBUILD_HINTS: dict[int, str] = {

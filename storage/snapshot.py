@@ -19,20 +19,22 @@ from typing import BinaryIO
 
 import msgspec
 
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.model import TABLES, VALUE_TYPES, Obligation, ShardMeta, Table, Value
-from storage.codec import frame, position_key, unframe
-from storage.errors import StoreError
-from storage.memory import MemoryStore
-from storage.schema import LogInfo
-from storage.store import ShardStore
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.model import TABLES, VALUE_TYPES, Obligation, ShardMeta, Table, Value
+from nereus.storage.codec import frame, position_key, unframe
+from nereus.storage.errors import StoreError
+from nereus.storage.memory import MemoryStore
+from nereus.storage.schema import LogInfo
+from nereus.storage.store import ShardStore
 
 SNAPSHOT_FORMAT = "nereus-snapshot"
 # 2: the usage table (store schema 2); 3: the dead-letter table (3); 4: attempts carry their
-# fence id (4). A version-3 snapshot still loads: its attempts were admitted unfenced.
-SNAPSHOT_VERSION = 4
-READABLE_SNAPSHOT_VERSIONS = frozenset({3, 4})
+# fence id (4); 5: evidence may carry the destination's own message id (Pulsar). Versions 3
+# and 4 still load: their attempts were admitted unfenced (3), and no evidence of theirs has
+# such an id.
+SNAPSHOT_VERSION = 5
+READABLE_SNAPSHOT_VERSIONS = frozenset({3, 4, 5})
 
 
 class SnapshotHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

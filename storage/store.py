@@ -14,6 +14,12 @@ Theory of operation:
 * **Open** refuses, with the file and the reason, anything it cannot trust: a truncated or
   non-LMDB file, a store of another shard, an unknown schema, another kernel configuration,
   an applied position outside the log, a damaged header.
+
+`fault_hook`, when a test sets it, is called by name between the steps of every durable
+write: `append` (log entries put), `fold` (the folded rows put), `meta` (the new ShardMeta
+put), all inside the write transaction, and `sync` (the transaction committed and synced,
+before anything in memory moves on). A hook that kills the process there is a crash in
+exactly that window (`tests/test_storage_steps.py`); unset, each costs one attribute test.
 """
 
 from __future__ import annotations
@@ -25,15 +31,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from kernel.config import KernelConfig
-from kernel.effects import Effect
-from kernel.invariants import InvariantViolation, assert_invariants
-from kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
-from kernel.records import LogEntry, Record, Schedule
-from kernel.reducer import reduce
-from kernel.state import State
-from storage.base import LmdbBase, StoreView
-from storage.codec import (
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import Effect
+from nereus.kernel.invariants import InvariantViolation, assert_invariants
+from nereus.kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
+from nereus.kernel.records import LogEntry, Record, Schedule
+from nereus.kernel.reducer import reduce
+from nereus.kernel.state import State
+from nereus.storage.base import LmdbBase, StoreView
+from nereus.storage.codec import (
     decode_entry,
     decode_struct,
     decode_value,
@@ -44,9 +50,9 @@ from storage.codec import (
     position_key,
     timer_index_key,
 )
-from storage.env import Env, open_env
-from storage.errors import StoreError, lmdb_refusal
-from storage.schema import (
+from nereus.storage.env import Env, open_env
+from nereus.storage.errors import StoreError, lmdb_refusal
+from nereus.storage.schema import (
     HEADER_KEY,
     LOG_INFO_KEY,
     LOG_SOURCE_KEY,
@@ -80,6 +86,7 @@ class ShardStore:
         self.source: LogSource | None = None
         self.log_last_position = 0
         self.log_last_persisted_at_ms = 0
+        self.fault_hook: Callable[[str], None] | None = None
 
     # Opening ------------------------------------------------------------------------------
 
@@ -294,6 +301,8 @@ class ShardStore:
         """Durably append records; payload bytes (for schedules) are stored by digest."""
         with self._env.env.begin(write=True) as txn:
             entries = self._append_in(txn, items, now_ms)
+            self._at("append")
+        self._at("sync")
         self._appended(entries)
         return entries
 
@@ -314,9 +323,11 @@ class ShardStore:
             # are folded as `_append_in` decoded them from their bytes, as a replay will.
             tail = list(self._iter_log_in(txn, self.meta.position + 1, None))
             entries = self._append_in(txn, items, now_ms)
+            self._at("append")
             results, meta, _ = self._apply_in(txn, tail + entries)
             if also is not None:
                 also(txn)
+        self._at("sync")
         self._appended(entries)
         self.meta = meta
         return entries, results
@@ -428,6 +439,7 @@ class ShardStore:
                 also(txn)
             if before_commit is not None:
                 before_commit(results)
+        self._at("sync")
         self._appended(logged)
         self.meta = meta
         if source is not None:
@@ -469,8 +481,15 @@ class ShardStore:
             results.append((entry, effects))
         released = self._write_changes(txn, state)
         self._collect_payloads(txn, released, entries, state.meta.position)
+        self._at("fold")
         txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)
+        self._at("meta")
         return results, state.meta, logged
+
+    def _at(self, step: str) -> None:
+        """The crash window after `step` (see the module docstring)."""
+        if self.fault_hook is not None:
+            self.fault_hook(step)
 
     def _check_matches_log(self, txn: Any, entry: LogEntry) -> None:
         stored = txn.get(position_key(entry.position), db=self._env.log)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-import kernel as k
-from kernel.effects import Effect, EntryOutcome, Publish
+from nereus import kernel as k
+from nereus.kernel.effects import Effect, EntryOutcome, Publish
 
 DIGEST = hashlib.sha256(b"payload").hexdigest()
 OTHER_DIGEST = hashlib.sha256(b"other payload").hexdigest()

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from runtime import compiled
+from nereus.runtime import compiled
 
 compiled.from_environment()
 

@@ -8,25 +8,40 @@ due timeline work, outcomes only for open obligations), so a batch is realistic 
 race with its own unapplied entries; those get rejected outcomes, which is what the log is for.
 The clock it stamps with sometimes runs backwards: the store must clamp it.
 
-Run as `python -m tests.crash_worker DIR SEED`: it opens (or creates) the store in DIR, prints
-`ready`, then appends and applies batches forever (a safety deadline ends an orphaned worker).
+Run as `python -m tests.crash_worker DIR SEED [--acks] [--no-sync] [--die-at STEP:N]
+[--steps K]`: it opens (or creates) the store in DIR, prints `ready`, then appends and
+applies batches forever (a safety deadline ends an orphaned worker). `--acks` prints a line
+for every durable write once it has returned (what a client would have been told): `ack
+APPLIED LOG_END POSITION:DIGEST ...`, the digest being that of each entry it appended.
+`--no-sync` opens the store without fsync (the power-loss tests prove they notice);
+`--die-at` SIGKILLs the worker itself at the N-th crash window named STEP (`ShardStore.
+fault_hook`: append, fold, meta, sync), after printing `dying STEP`; `--steps` stops after K
+steps and waits to be killed.
+
+`check_reopened` is what the crash tests hold a store to after a kill.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import os
 import random
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-import kernel as k
-from kernel.keys import attempt_prefix, timeline_key
-from kernel.model import Message, Obligation, PayloadRef, Table, TimelineWork
-from kernel.timing import MIN_TIME_MS
-from storage.codec import decode_struct, lane_index_key
-from storage.schema import PayloadBlob, StoreOptions
-from storage.store import Appendable, ShardStore
+from nereus import kernel as k
+from nereus.kernel.digest import state_digest
+from nereus.kernel.keys import attempt_prefix, timeline_key
+from nereus.kernel.model import Message, Obligation, PayloadRef, Table, TimelineWork
+from nereus.kernel.records import LogEntry, encode_entry
+from nereus.kernel.timing import MIN_TIME_MS
+from nereus.replay.fold import replay
+from nereus.storage.codec import decode_struct, lane_index_key
+from nereus.storage.schema import PayloadBlob, StoreOptions
+from nereus.storage.store import Appendable, ShardStore
 from tests.builders import T0_MS, TENANT
 
 # Small horizons and a small budget so expiry, retries and dead letters happen quickly.
@@ -187,23 +202,58 @@ class Workload:
             result = k.Unknown("timeout")
         return k.PublishOutcome(attempt_id, obligation.message_id, obligation.generation, result)
 
-    def step(self, store: ShardStore) -> None:
+    def step(
+        self, store: ShardStore, acked: Callable[[ShardStore, list[LogEntry]], None] | None = None
+    ) -> None:
         """Append one batch, then apply some or all of what is pending; or do both at once
-        in one group commit."""
+        in one group commit. `acked` hears of each durable write once it returned."""
         now_ms = self.tick()
         items = self.batch(store, now_ms)
         roll = self.rng.random()
+        told = acked or (lambda _store, _entries: None)
         if roll < 0.3:
-            store.commit(items, now_ms)
+            entries, _ = store.commit(items, now_ms)
+            told(store, entries)
             return
-        store.append(items, now_ms)
+        told(store, store.append(items, now_ms))
         if roll < 0.4:
             return  # leave an unapplied tail for a while
         if roll < 0.6:
             store.apply_pending()
+            told(store, [])
             return
         while store.apply_pending():
-            pass
+            told(store, [])
+
+
+def entry_digest(entry: LogEntry) -> str:
+    return hashlib.sha256(encode_entry(entry)).hexdigest()[:16]
+
+
+def check_reopened(path: str, where: str) -> int:
+    """Reopen after a kill and compare the store with the replay of its durable log: dense,
+    persistence times never going back, the materialized state equal to the log's replay up
+    to the applied position, payload bytes and the lane index exact. Returns the applied
+    position."""
+    with ShardStore.open(path, config=CONFIG) as store:
+        applied = store.meta.position
+        entries = list(store.iter_log())
+        positions = [e.position for e in entries]
+        assert positions == list(range(1, store.log_last_position + 1)), f"{where}: log not dense"
+        assert applied <= store.log_last_position, where
+        times = [e.persisted_at_ms for e in entries]
+        assert times == sorted(times), f"{where}: persisted_at_ms went backwards in the log"
+        _, result = replay(entries[:applied], CONFIG)
+        with store.state_view() as state:
+            live = state_digest(state)
+            assert state.meta.position == applied, where
+        assert result.position == applied, where
+        assert live == result.digest, (
+            f"{where}: store at position {applied} differs from the replay of its log"
+        )
+        problems = store_problems(store)
+        assert not problems, f"{where}: {problems}"
+        return applied
 
 
 def store_problems(store: ShardStore) -> list[str]:
@@ -258,21 +308,53 @@ def payload_bytes_problems(store: ShardStore) -> list[str]:
     return problems
 
 
+def _die_at(spec: str) -> Callable[[str], None]:
+    step, _, nth = spec.partition(":")
+    left = [int(nth or "1")]
+
+    def hook(name: str) -> None:
+        if name != step:
+            return
+        left[0] -= 1
+        if left[0] == 0:
+            print(f"dying {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def _print_ack(store: ShardStore, entries: list[LogEntry]) -> None:
+    appended = " ".join(f"{e.position}:{entry_digest(e)}" for e in entries)
+    print(f"ack {store.meta.position} {store.log_last_position} {appended}".rstrip(), flush=True)
+
+
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m tests.crash_worker DIR SEED", file=sys.stderr)
-        return 2
-    path, seed = argv[1], int(argv[2])
-    rng = random.Random(seed)
-    options = StoreOptions(max_batch_entries=rng.choice((1, 4, 16, 128)))
+    parser = argparse.ArgumentParser(prog="python -m tests.crash_worker")
+    parser.add_argument("path")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("--acks", action="store_true")
+    parser.add_argument("--no-sync", action="store_true")
+    parser.add_argument("--die-at", default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args(argv[1:])
+    rng = random.Random(args.seed)
+    options = StoreOptions(max_batch_entries=rng.choice((1, 4, 16, 128)), sync=not args.no_sync)
     deadline = time.monotonic() + WORKER_DEADLINE_S
-    with ShardStore.open(path, config=CONFIG, options=options) as store:
+    with ShardStore.open(args.path, config=CONFIG, options=options) as store:
         workload = Workload(
             rng, max(T0_MS, store.log_last_persisted_at_ms), store.log_last_position
         )
+        if args.die_at:
+            store.fault_hook = _die_at(args.die_at)
+        acked = _print_ack if args.acks else None
         print("ready", flush=True)
+        steps = 0
         while time.monotonic() < deadline:
-            workload.step(store)
+            if args.steps is not None and steps >= args.steps:
+                time.sleep(0.05)  # done: wait to be killed
+                continue
+            workload.step(store, acked)
+            steps += 1
     return 0
 
 

@@ -14,8 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from storage.errors import StoreError
-from storage.store import ShardStore
+from nereus.storage.errors import StoreError
+from nereus.storage.store import ShardStore
 
 
 def damage(rng: random.Random, data: bytearray) -> tuple[str, bytearray]:

@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapters.clock import SystemClock
-from adapters.embedded import Nereus
-from adapters.http.api import TimerApi
-from adapters.http.backend import EmbeddedBackend
-from adapters.http.server import HttpServer
-from adapters.local_destination import LocalDestination, LocalRecord
-from adapters.metering import RateLimiter
-from adapters.tenancy import Tenancy, parse_tenancy
-from kernel.effects import EntryOutcome
-from runtime.clock import ClockSource
-from storage.store import Appendable
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.http.api import TimerApi
+from nereus.adapters.http.backend import EmbeddedBackend
+from nereus.adapters.http.server import HttpServer
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.adapters.local.embedded import Nereus
+from nereus.adapters.metering import RateLimiter
+from nereus.adapters.tenancy import Tenancy, parse_tenancy
+from nereus.kernel.effects import EntryOutcome
+from nereus.runtime.clock import ClockSource
+from nereus.storage.store import Appendable
 
 QUEUE = "reminders"
 SECRET_QUEUE = "secrets"

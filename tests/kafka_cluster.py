@@ -29,12 +29,12 @@ from typing import Any
 import msgspec
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, TopicPartition
 
-from adapters.kafka_wire import Envelope, decode_envelope, shard_for
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.keys import message_id
-from kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from kernel.records import (
+from nereus.adapters.kafka.wire import Envelope, decode_envelope, shard_for
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.keys import message_id
+from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
+from nereus.kernel.records import (
     LogEntry,
     NotPublished,
     PublishAdmission,
@@ -42,10 +42,10 @@ from kernel.records import (
     Schedule,
     Unknown,
 )
-from replay.fold import replay
-from runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_MESSAGE_ID, H_PRODUCER
-from storage.memory import MemoryStore
-from storage.store import ShardStore
+from nereus.replay.fold import replay
+from nereus.runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_MESSAGE_ID, H_PRODUCER
+from nereus.storage.memory import MemoryStore
+from nereus.storage.store import ShardStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TENANT = "default"
@@ -88,6 +88,7 @@ class ServiceProc:
         self.url = ""
         self.process_id = ""
         self.generation = 0
+        self.token: str | None = None  # a bearer token for a service with a --config
 
     def start(self) -> ServiceProc:
         self.generation += 1
@@ -96,7 +97,7 @@ class ServiceProc:
         cmd = [
             sys.executable,
             "-m",
-            "adapters.cli",
+            "nereus",
             "serve",
             "--kafka",
             self.bootstrap,
@@ -154,6 +155,8 @@ class ServiceProc:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
+        if self.token is not None:
+            req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 return resp.status, json.loads(resp.read())

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import lmdb
 
-import kernel as k
-from adapters.embedded import schedule_record
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.adapters.local.embedded import schedule_record
+from nereus.storage.store import ShardStore
 from tests.builders import T0_MS
 
 

@@ -1,7 +1,9 @@
 """A Kafka broker of a test's own: for tests that stop, pause or restart a broker.
 
 `scripts/kafka` on two free loopback ports with its state in a temporary directory, never
-the shared broker the other Kafka tests use, and always stopped at the end. `Broker` can
+the shared broker the other Kafka tests use, and always stopped at the end; with `sasl`, a
+third port where clients must authenticate (SASL_PLAINTEXT, PLAIN, one user `SASL_USER`
+with `SASL_PASSWORD`). `Broker` can
 stop it keeping its data and start it again from the same command line (`scripts/kafka
 start` would reformat its storage), and pause and resume it (SIGSTOP / SIGCONT: a broker
 that stops answering without closing a connection).
@@ -25,6 +27,8 @@ from confluent_kafka.admin import AdminClient
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "kafka"
+SASL_USER = "nereus"
+SASL_PASSWORD = "broker-secret"
 
 
 def free_port() -> int:
@@ -39,6 +43,7 @@ class Broker:
     bootstrap: str
     state: Path
     env: dict[str, str]
+    sasl_bootstrap: str | None = None  # the SASL_PLAINTEXT listener, if asked for
 
     @property
     def pidfile(self) -> Path:
@@ -66,7 +71,9 @@ class Broker:
             time.sleep(0.05)
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
             while Path(f"/proc/{pid}").exists():
+                assert time.monotonic() < deadline, f"broker pid {pid} outlived SIGKILL by 30 s"
                 time.sleep(0.05)
         assert (self.state / "data").is_dir(), "the broker's data did not survive its stop"
         return argv
@@ -114,18 +121,18 @@ class Broker:
         raise AssertionError(f"the restarted broker did not serve within {timeout_s} s")
 
 
-def own_broker_fixture(name: str) -> object:
+def own_broker_fixture(name: str, *, sasl: bool = False) -> object:
     """A module-scoped fixture running a broker of the module's own."""
 
     @pytest.fixture(scope="module")
     def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-        yield from _run_broker(tmp_path_factory, name)
+        yield from _run_broker(tmp_path_factory, name, sasl)
 
     return fixture
 
 
-def new_broker(state: Path) -> Broker:
-    """A broker (not started) on two free loopback ports, its state under `state`."""
+def new_broker(state: Path, *, sasl: bool = False) -> Broker:
+    """A broker (not started) on free loopback ports, its state under `state`."""
     port, controller = free_port(), free_port()
     env = dict(os.environ)
     env.update(
@@ -134,11 +141,22 @@ def new_broker(state: Path) -> Broker:
         NEREUS_KAFKA_DIR=str(state),
         NEREUS_KAFKA_STOP_TIMEOUT="10",
     )
-    return Broker(f"127.0.0.1:{port}", state, env)
+    sasl_bootstrap = None
+    if sasl:
+        sasl_port = free_port()
+        env.update(
+            NEREUS_KAFKA_SASL_PORT=str(sasl_port),
+            NEREUS_KAFKA_SASL_USER=SASL_USER,
+            NEREUS_KAFKA_SASL_PASSWORD=SASL_PASSWORD,
+        )
+        sasl_bootstrap = f"127.0.0.1:{sasl_port}"
+    return Broker(f"127.0.0.1:{port}", state, env, sasl_bootstrap)
 
 
-def _run_broker(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Broker]:
-    broker = new_broker(tmp_path_factory.mktemp(name) / "broker")
+def _run_broker(
+    tmp_path_factory: pytest.TempPathFactory, name: str, sasl: bool = False
+) -> Iterator[Broker]:
+    broker = new_broker(tmp_path_factory.mktemp(name) / "broker", sasl=sasl)
     try:
         broker.script("start")
         yield broker

@@ -23,11 +23,11 @@ import sys
 import time
 from types import FrameType
 
-from adapters.clock import SystemClock
-from adapters.embedded import Nereus, schedule_record
-from kernel.records import Cancel
-from storage.errors import StoreError
-from storage.store import Appendable
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.kernel.records import Cancel
+from nereus.storage.errors import StoreError
+from nereus.storage.store import Appendable
 
 QUEUES = ("alpha", "beta")
 POOL = tuple(f"pool/{i}" for i in range(24))

@@ -1,12 +1,13 @@
 """A shard runtime driven tick by tick on a real LMDB store, for deterministic runtime tests.
 
 `Harness` opens the shard store and the local destination under a directory and builds a
-`ShardRuntime` with a `SimulatedClock`; no thread runs, the test calls `tick()`. Every send
-passes the local destination's `before_send` hook, which records it (the order of service)
-and checks, in a read transaction of its own on the shard store, that the attempt is durably
-PUBLISHING (`tests.service_worker.send_problem`). `crash()` abandons the runtime the way a
-killed process would: nothing more is committed, the in-memory results are lost, and the
-files are closed; `reopen()` starts a new runtime on the same files.
+`ShardRuntime` with a `SimulatedClock`; no thread runs, the test calls `tick()` (one
+`ShardRuntime.run_once` each: a reading of the clock, then a tick). Every send passes the
+local destination's `before_send` hook, which records it (the order of service) and checks,
+in a read transaction of its own on the shard store, that the attempt is durably PUBLISHING
+(`tests.service_worker.send_problem`). `crash()` abandons the runtime the way a killed
+process would: nothing more is committed, the in-memory results are lost, and the files are
+closed; `reopen()` starts a new runtime on the same files.
 """
 
 from __future__ import annotations
@@ -17,22 +18,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adapters.clock import SimulatedClock
-from adapters.embedded import schedule_record
-from adapters.local_destination import LocalDestination, LocalRecord
-from kernel.effects import EntryOutcome
-from kernel.keys import attempt_prefix, message_id, str_key
-from kernel.model import Attempt, Message, Table
-from kernel.records import LogEntry
-from runtime.config import RuntimeConfig
-from runtime.destination import Send
-from runtime.shard import ShardRuntime
-from storage.schema import StoreOptions
-from storage.store import Appendable, ShardStore
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.adapters.local.embedded import schedule_record
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import attempt_prefix, message_id, str_key
+from nereus.kernel.model import Attempt, Message, Table
+from nereus.kernel.records import LogEntry
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import Send
+from nereus.runtime.shard import ShardRuntime
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import Appendable, ShardStore
 from tests.service_worker import send_problem
 
 T0_MS = 1_780_000_000_000
 TENANT = "default"
+# A tick takes every queued command (up to the per-tick bound): far fewer ticks than this
+# commit any batch a test submits, so a runtime that stops committing fails instead of
+# spinning.
+MAX_COMMAND_TICKS = 1_000
 
 
 class CrashBeforeWrite(SystemExit):
@@ -81,14 +86,16 @@ class Harness:
 
     def tick(self, times: int = 1) -> None:
         for _ in range(times):
-            self.runtime.tick()
+            self.runtime.run_once()
 
     def run(self, items: Sequence[Appendable]) -> list[EntryOutcome]:
         """Commit commands on this thread, as `Nereus` does when no loop runs."""
         future = self.runtime.submit(items)
-        while not future.done():
-            self.runtime.tick()
-        return future.result(0)
+        for _ in range(MAX_COMMAND_TICKS):
+            if future.done():
+                return future.result(0)
+            self.runtime.run_once()
+        raise AssertionError(f"commands not committed within {MAX_COMMAND_TICKS} ticks")
 
     def schedule(self, key: str, payload: bytes = b"payload", **options: Any) -> EntryOutcome:
         queue = options.pop("queue", "q")

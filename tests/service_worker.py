@@ -30,16 +30,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from adapters.clock import SystemClock
-from adapters.embedded import Nereus, schedule_record
-from adapters.local_destination import LocalDestination
-from kernel.effects import EntryOutcome
-from kernel.keys import dead_letter_key, str_key
-from kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from kernel.records import Cancel
-from runtime.destination import Send
-from storage.base import StoreView
-from storage.store import Appendable, ShardStore
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.local.destination import LocalDestination
+from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import dead_letter_key, str_key
+from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
+from nereus.kernel.records import Cancel
+from nereus.runtime.destination import Send
+from nereus.storage.base import StoreView
+from nereus.storage.store import Appendable, ShardStore
 
 QUEUES = ("alpha", "beta", "gamma")
 POOL = tuple(f"pool/{i}" for i in range(40))  # reused across runs: upserts and cancels

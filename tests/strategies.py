@@ -27,11 +27,11 @@ import msgspec
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-import kernel as k
-from kernel.effects import Effect, EntryOutcome, Publish
-from kernel.model import OPEN_ATTEMPT_STATUSES
-from kernel.records import IMMEDIATE, ShardStatus
-from kernel.timing import MAX_TIME_MS, MIN_TIME_MS
+from nereus import kernel as k
+from nereus.kernel.effects import Effect, EntryOutcome, Publish
+from nereus.kernel.model import OPEN_ATTEMPT_STATUSES
+from nereus.kernel.records import IMMEDIATE, ShardStatus
+from nereus.kernel.timing import MAX_TIME_MS, MIN_TIME_MS
 from tests.builders import DIGEST, OTHER_DIGEST, T0_MS
 
 # Settings ----------------------------------------------------------------------------------

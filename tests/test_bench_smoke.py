@@ -18,19 +18,26 @@ from pathlib import Path
 
 import pytest
 
-from tests import kafka_env
+from tests import kafka_env, pulsar_env
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
+pulsar_url = pulsar_env.pulsar_url
+pulsar_admin_url = pulsar_env.pulsar_admin_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
 def test_quick_suite_runs_every_bench_and_reports_every_figure(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, pulsar_url: str, pulsar_admin_url: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "results"
-    env = {**os.environ, "NEREUS_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    env = {
+        **os.environ,
+        "NEREUS_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "NEREUS_PULSAR_URL": pulsar_url,
+        "NEREUS_PULSAR_ADMIN_URL": pulsar_admin_url,
+    }
     run = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
         cwd=ROOT,

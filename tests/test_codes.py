@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
-import kernel as k
-from kernel.codes import APPLIED_CODES, CODE_DOCS, POSITION_CODES, Code
-from kernel.effects import (
+from nereus import kernel as k
+from nereus.kernel.codes import APPLIED_CODES, CODE_DOCS, POSITION_CODES, Code
+from nereus.kernel.effects import (
     DeadLetter,
     Effect,
     EntryOutcome,
@@ -30,9 +30,9 @@ from kernel.effects import (
     TimelinePut,
     TimelineRemove,
 )
-from kernel.model import Table
-from kernel.records import record_type
-from kernel.validation import action_at
+from nereus.kernel.model import Table
+from nereus.kernel.records import record_type
+from nereus.kernel.validation import action_at
 from tests.builders import (
     DIGEST,
     FENCE,
@@ -740,6 +740,17 @@ def delivered_while_retrying(r: Result) -> None:
     assert obligations(r.after) == {retry}
 
 
+def its_claim_released(r: Result) -> tuple[RevokeClaim]:
+    """The one effect of an outcome that moves no message: the claim its attempt was sent
+    under is released (only that claim)."""
+    record = r.entry.record
+    assert isinstance(record, k.PublishOutcome)
+    attempt = r.before.attempt(record.attempt_id.encode())
+    assert attempt is not None
+    code = C.OUTCOME_RECORDED
+    return (RevokeClaim(attempt.message_id, attempt.generation, code, attempt.claim_id),)
+
+
 def ledger_only(r: Result) -> None:
     """The message keeps its status, evidence, budget and work; only the ledger (and the
     message's bookkeeping of open attempts) changes."""
@@ -752,7 +763,7 @@ def ledger_only(r: Result) -> None:
     }
     assert msgspec.structs.replace(before, **keep) == m
     assert changed_tables(r) <= {Table.MESSAGES, Table.ATTEMPTS, Table.OBLIGATIONS}
-    assert r.effects[1:] == ()
+    assert r.effects[1:] == its_claim_released(r)
 
 
 def gains_evidence(r: Result) -> None:
@@ -770,14 +781,14 @@ def gains_evidence(r: Result) -> None:
         "delivered_attempt_id": m.delivered_attempt_id,
     }
     assert msgspec.structs.replace(before, **keep) == m
-    assert r.effects[1:] == ()
+    assert r.effects[1:] == its_claim_released(r)
 
 
 def untouched(r: Result) -> None:
     """An outcome of a superseded generation: the message row does not move at all."""
     assert r.message() == r.message(r.before)
     assert changed_tables(r) <= {Table.ATTEMPTS, Table.OBLIGATIONS}
-    assert r.effects[1:] == ()
+    assert r.effects[1:] == its_claim_released(r)
 
 
 def dead_lettered_behind_unknown(r: Result) -> None:

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from runtime import compiled
+from nereus.runtime import compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 
 SIM = """
 import runpy, sys
-from runtime import compiled
+from nereus.runtime import compiled
 if sys.argv[1] == "source":
     compiled.prefer_source()
 sys.argv = ["sim", "--seeds", "3", "--seed", "101"]
 try:
-    runpy.run_module("sim", run_name="__main__")
+    runpy.run_module("nereus.sim", run_name="__main__")
 finally:
     print("compiled:", ",".join(compiled.compiled_modules()) or "-", file=sys.stderr)
 """
@@ -48,7 +48,7 @@ def test_compiled_and_source_kernels_agree_on_simulated_histories() -> None:
         pytest.skip("no compiled kernel here (installed with NEREUS_PURE_PYTHON=1)")
     built, built_modules = _sim("compiled")
     source, source_modules = _sim("source")
-    assert "kernel.reducer" in built_modules
+    assert "nereus.kernel.reducer" in built_modules
     assert "storage.store" in built_modules
     assert "runtime.shard" in built_modules
     assert source_modules == "compiled: -"

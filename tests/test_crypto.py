@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import adapters.crypto
-from adapters import Nereus
-from adapters.clock import SimulatedClock
-from adapters.crypto import (
+import nereus.adapters.crypto
+from nereus.adapters import Nereus
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.crypto import (
     ALGORITHM,
     ENVELOPE_OVERHEAD_BYTES,
     EnvelopeError,
@@ -28,11 +28,11 @@ from adapters.crypto import (
     parse_envelope,
     seal,
 )
-from adapters.local_destination import LocalDestination
-from kernel.keys import message_id
-from kernel.model import Message, Table
-from runtime.destination import H_ENCRYPTION, PreparedPublish
-from runtime.prepare import ENCRYPTION_ALGORITHM, prepare, prepare_dead_letter
+from nereus.adapters.local.destination import LocalDestination
+from nereus.kernel.keys import message_id
+from nereus.kernel.model import Message, Table
+from nereus.runtime.destination import H_ENCRYPTION, PreparedPublish
+from nereus.runtime.prepare import ENCRYPTION_ALGORITHM, prepare, prepare_dead_letter
 from tests.runtime_harness import T0_MS
 from tests.strategies import props
 
@@ -97,7 +97,7 @@ def test_the_runtime_header_names_the_same_algorithm() -> None:
 
 
 def test_module_docstring_example_runs() -> None:
-    doc = adapters.crypto.__doc__
+    doc = nereus.adapters.crypto.__doc__
     assert doc is not None
     example = doc.split("\n\n")[1]
     exec(compile(re.sub(r"(?m)^    ", "", example), "adapters/crypto.py", "exec"), {})

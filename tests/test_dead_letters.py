@@ -21,24 +21,31 @@ from typing import Any
 
 import pytest
 
-from adapters.clock import SimulatedClock
-from adapters.local_destination import LocalDestination, LocalRecord
-from kernel.codes import Code
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.keys import dead_letter_key
-from kernel.model import DeadLetterPending, Status, Table
-from kernel.records import Capability, DeadLetterWritten, Evidence, NotPublished, Schedule, Unknown
-from runtime.config import RuntimeConfig
-from runtime.destination import (
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.kernel.codes import Code
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.keys import dead_letter_key
+from nereus.kernel.model import DeadLetterPending, Status, Table
+from nereus.kernel.records import (
+    Capability,
+    DeadLetterWritten,
+    Evidence,
+    NotPublished,
+    Schedule,
+    Unknown,
+)
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import (
     DLQ_CONSUMER_GROUP,
     H_CONSUMER_GROUP,
     Send,
     SendResult,
     dead_letter_attempt_id,
 )
-from runtime.prepare import H_DLQ_PAYLOAD_OMITTED
-from storage.memory import MemoryStore
+from nereus.runtime.prepare import H_DLQ_PAYLOAD_OMITTED
+from nereus.storage.memory import MemoryStore
 from tests.runtime_harness import T0_MS, CrashBeforeWrite, Harness
 
 KERNEL = KernelConfig()

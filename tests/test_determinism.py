@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from hypothesis import given
 from hypothesis import strategies as st
 
-import kernel as k
-from kernel.effects import Effect
-from kernel.model import TABLES, Table, Value
-from kernel.records import entry_from_json, entry_to_json
+from nereus import kernel as k
+from nereus.kernel.effects import Effect
+from nereus.kernel.model import TABLES, Table, Value
+from nereus.kernel.records import entry_from_json, entry_to_json
 from tests.strategies import CONFIG, Action, action_lists, drive, props
 
 Effects = list[tuple[Effect, ...]]

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-import adapters.embedded
-from adapters import Nereus, Peek, Result
-from adapters.clock import SimulatedClock
-from adapters.local_destination import LocalDestination, LocalRecord
-from kernel.digest import state_digest
-from kernel.keys import message_id
-from kernel.records import Expire, PublishAdmission
-from replay.fold import replay
+import nereus.adapters.local.embedded
+from nereus.adapters import Nereus, Peek, Result
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.kernel.digest import state_digest
+from nereus.kernel.keys import message_id
+from nereus.kernel.records import Expire, PublishAdmission
+from nereus.replay.fold import replay
 from tests.runtime_harness import T0_MS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -319,12 +319,12 @@ def _hermetic(code: str, data_dir: Path) -> str:
 def test_the_module_docstring_example_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = adapters.embedded.__doc__
+    doc = nereus.adapters.local.embedded.__doc__
     assert doc is not None
     example = _doc_example(doc)
     assert "Nereus.open" in example and "nereus.start()" in example
     monkeypatch.chdir(tmp_path)
-    exec(compile(example, "adapters/embedded.py docstring", "exec"), {})
+    exec(compile(example, "adapters/local/embedded.py docstring", "exec"), {})
     out = capsys.readouterr().out
     assert out.startswith("scheduled ")
     assert "Peek(found=True" in out

@@ -19,15 +19,21 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernel as k
-from adapters.kafka_wire import Envelope, Reply, decode_envelope, decode_reply, encode_envelope
-from kernel.effects import EntryOutcome
-from kernel.model import VALUE_TYPES, Table
-from kernel.records import LogEntry, decode_entry, decode_record, encode_entry, encode_record
-from storage import codec
-from storage.errors import StoreError
-from storage.jsonl import JsonlLog, export_log
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.adapters.kafka.wire import (
+    Envelope,
+    Reply,
+    decode_envelope,
+    decode_reply,
+    encode_envelope,
+)
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.model import VALUE_TYPES, Table
+from nereus.kernel.records import LogEntry, decode_entry, decode_record, encode_entry, encode_record
+from nereus.storage import codec
+from nereus.storage.errors import StoreError
+from nereus.storage.jsonl import JsonlLog, export_log
+from nereus.storage.store import ShardStore
 from tests.builders import QUEUE, T0_MS, TENANT, schedule
 
 EXAMPLES = int(os.environ.get("NEREUS_FUZZ_EXAMPLES", "300"))

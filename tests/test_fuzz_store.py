@@ -6,25 +6,26 @@ and each copy is opened and read in full (the whole log, the live-timer index). 
 acceptable answers are a store that opens and reads (the damage hit free pages, or a value
 never read, which the CRC refuses the moment it is read) or a `StoreError` naming the data
 file. A traceback or a crash of the process is a failure, reported with its seed:
-`NEREUS_FUZZ_STORE_SEED=S NEREUS_FUZZ_STORE_CASES=N pytest tests/test_fuzz_store.py`.
+`NEREUS_FUZZ_STORE_SEED=S NEREUS_FUZZ_STORE_CASES=N pytest tests/test_fuzz_store.py` (the seed
+has a fixed default; `random` draws one).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
-import kernel as k
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.storage.store import ShardStore
 from tests.builders import QUEUE, T0_MS, TENANT, schedule
 from tests.lmdb_files import build_short_store
+from tests.seeds import seed_from_env
 
 CASES = int(os.environ.get("NEREUS_FUZZ_STORE_CASES", "150"))
-SEED = int(os.environ.get("NEREUS_FUZZ_STORE_SEED", str(random.SystemRandom().randrange(10**6))))
+SEED = seed_from_env("NEREUS_FUZZ_STORE_SEED", 220593)  # `random` draws one
 ROOT = Path(__file__).resolve().parent.parent
 
 

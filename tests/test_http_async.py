@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.embedded import Nereus, schedule_record
-from adapters.http.backend import await_command
-from runtime.shard import CommandFuture
+from nereus.adapters.local.commands import await_command
+from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.runtime.shard import CommandFuture
 
 
 def test_a_done_callback_runs_once_whether_added_before_or_after_completion() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from adapters.http.contract import ROUTES
-from kernel.keys import message_id
+from nereus.adapters.http.contract import ROUTES
+from nereus.kernel.keys import message_id
 from tests.http_harness import (
     QUEUE,
     TOKENS,

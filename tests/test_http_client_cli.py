@@ -22,7 +22,7 @@ def _nereus(*args: str, token: str | None = None) -> subprocess.CompletedProcess
     if token is not None:
         env["NEREUS_TOKEN"] = token
     return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *args],
+        [sys.executable, "-m", "nereus", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from adapters.errors import ShardNotLocal
-from adapters.http.contract import ERROR_CODES, ERROR_STATUS, ROUTES, STATUSES
-from adapters.http.openapi import build_document
-from adapters.tenancy import Tenancy
-from kernel.config import KernelConfig
-from runtime.errors import Overloaded
+from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.http.contract import ERROR_CODES, ERROR_STATUS, ROUTES, STATUSES
+from nereus.adapters.http.openapi import build_document
+from nereus.adapters.tenancy import Tenancy
+from nereus.kernel.config import KernelConfig
+from nereus.runtime.errors import Overloaded
 from tests.http_harness import QUEUE, Service, cancel, config, schedule, start_service, timer_path
 
 POST = "/api/v1/timers"

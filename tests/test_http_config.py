@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from adapters.cli import main
-from adapters.tenancy import ConfigError, Tenancy, load_tenancy, parse_tenancy
-from kernel.config import KernelConfig
-from kernel.timing import TimingLimits
+from nereus.adapters.cli.main import main
+from nereus.adapters.tenancy import ConfigError, Tenancy, load_tenancy, parse_tenancy
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.timing import TimingLimits
 from tests.http_harness import KEY_B64, config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -241,7 +241,7 @@ def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
         [
             sys.executable,
             "-m",
-            "adapters.cli",
+            "nereus",
             "serve",
             "--data",
             str(tmp_path / "data"),

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from adapters.http.contract import ERROR_CODES, MAX_OPERATIONS, STATUSES
-from adapters.local_destination import LocalDestination, LocalRecord
-from kernel.keys import message_id
-from kernel.records import PublishAdmission
+from nereus.adapters.http.contract import ERROR_CODES, MAX_OPERATIONS, STATUSES
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.kernel.keys import message_id
+from nereus.kernel.records import PublishAdmission
 from tests import http_harness
 
 QUEUE = http_harness.QUEUE

@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from adapters import crypto
-from adapters.crypto import Keyring, open_envelope
+from nereus.adapters import crypto
+from nereus.adapters.crypto import Keyring, open_envelope
 from tests.http_harness import (
     KEY_B64,
     QUEUE,

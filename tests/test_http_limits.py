@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from adapters.http.contract import HINT_HEADER, HINT_VALUE, MAX_OPERATIONS
-from runtime.errors import Overloaded
+from nereus.adapters.http.contract import HINT_HEADER, HINT_VALUE, MAX_OPERATIONS
+from nereus.runtime.errors import Overloaded
 from tests.http_harness import (
     QUEUE,
     Reply,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from adapters.http.contract import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT
+from nereus.adapters.http.contract import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT
 from tests.http_harness import QUEUE, Service, cancel, config, schedule, start_service
 
 LIST = f"/api/v1/timers/{QUEUE}"
@@ -78,7 +78,9 @@ def test_rows_are_live_timers_in_byte_order_without_payloads(svc: Service) -> No
         "lastError",
         "createdAt",
         "updatedAt",
+        "evidence",
     }
+    assert row["evidence"] is None  # a listed timer is live: nothing delivered yet
 
 
 def test_pages_and_the_cursor(svc: Service) -> None:

@@ -24,10 +24,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from adapters.http.contract import ERROR_CODES
-from adapters.http.openapi import build_document
-from adapters.tenancy import parse_tenancy
-from kernel.config import KernelConfig
+from nereus.adapters.http.contract import ERROR_CODES
+from nereus.adapters.http.openapi import build_document
+from nereus.adapters.tenancy import parse_tenancy
+from nereus.kernel.config import KernelConfig
 from tests.http_harness import Service, config, start_service
 
 AUTH = {"Authorization": "Bearer acme-all"}

@@ -19,23 +19,23 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from adapters.clock import SystemClock
-from adapters.embedded import schedule_record
-from adapters.kafka_service import KafkaService, KafkaServiceConfig
-from kernel.config import KernelConfig
-from kernel.digest import state_digest
-from kernel.keys import message_id
-from kernel.model import Message, Status, Table
-from kernel.records import DeadLetterWritten
-from runtime.config import RuntimeConfig
-from runtime.destination import (
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
+from nereus.adapters.local.embedded import schedule_record
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.digest import state_digest
+from nereus.kernel.keys import message_id
+from nereus.kernel.model import Message, Status, Table
+from nereus.kernel.records import DeadLetterWritten
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import (
     DLQ_CONSUMER_GROUP,
     H_ATTEMPT_ID,
     H_CONSUMER_GROUP,
     dead_letter_attempt_id,
 )
-from storage.memory import MemoryStore
-from storage.store import ShardStore
+from nereus.storage.memory import MemoryStore
+from nereus.storage.store import ShardStore
 from tests import kafka_env
 from tests.kafka_cluster import TENANT, Topics, read_shard_log, wait_until
 from tests.kafka_env import create_topic, unique_topic

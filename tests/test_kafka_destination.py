@@ -28,18 +28,18 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, TopicPartition
 
-from adapters.clock import SystemClock
-from adapters.embedded import Nereus
-from adapters.kafka_destination import (
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.kafka.destination import (
     FRAMING_RESERVE_BYTES,
     Delivery,
     KafkaDestination,
     KafkaDestinationConfig,
 )
-from adapters.kafka_outcomes import classify_error, classify_produce_exception
-from kernel.keys import message_id
-from kernel.records import NotPublished, Published, Unknown
-from runtime.destination import (
+from nereus.adapters.kafka.outcomes import classify_error, classify_produce_exception
+from nereus.adapters.local.embedded import Nereus
+from nereus.kernel.keys import message_id
+from nereus.kernel.records import NotPublished, Published, Unknown
+from nereus.runtime.destination import (
     H_ATTEMPT_ID,
     H_DELIVER_AT,
     H_GENERATION,
@@ -50,8 +50,8 @@ from runtime.destination import (
     Send,
     SendResult,
 )
-from runtime.shard import ShardRuntime
-from storage.store import ShardStore
+from nereus.runtime.shard import ShardRuntime
+from nereus.storage.store import ShardStore
 from tests import kafka_env
 from tests.kafka_env import create_topic, unique_topic
 

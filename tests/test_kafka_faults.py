@@ -21,15 +21,15 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from adapters.clock import SystemClock
-from adapters.embedded import Nereus
-from adapters.kafka_destination import Delivery, KafkaDestination, KafkaDestinationConfig
-from kernel.keys import message_id
-from kernel.model import Attempt, AttemptStatus, Table
-from runtime.config import RuntimeConfig
-from runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT
-from runtime.shard import ShardRuntime
-from storage.store import ShardStore
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.kafka.destination import Delivery, KafkaDestination, KafkaDestinationConfig
+from nereus.adapters.local.embedded import Nereus
+from nereus.kernel.keys import message_id
+from nereus.kernel.model import Attempt, AttemptStatus, Table
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT
+from nereus.runtime.shard import ShardRuntime
+from nereus.storage.store import ShardStore
 from tests import kafka_env
 from tests.kafka_cluster import wait_until
 from tests.kafka_env import create_topic, unique_topic

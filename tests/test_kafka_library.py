@@ -1,25 +1,28 @@
-"""The library facade in Kafka mode (`adapters.kafka_library.KafkaNereus`) against the real broker.
+"""The library facade in Kafka mode (`adapters.kafka.library.KafkaNereus`) against the real broker.
 
 A `nereus serve --kafka` process owns every shard; an application embeds a client-only
 `KafkaNereus`: its schedule / reschedule / cancel calls are produced to the commands topic and
 answered through the replies topic once the owner has applied them. The auditor re-reads the
 Kafka log: the library's commands are in it, in the order the calls returned, and the timers
 were published once, never early. A second library instance with a data directory joins the
-group and takes a share of the shards; peek then answers for those shards only.
+group and takes a share of the shards; peek then answers for those shards only, and, owning
+them all, so do the async calls and list.
 """
 
 from __future__ import annotations
 
+import asyncio
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from adapters.clock import SystemClock
-from adapters.errors import ShardNotLocal
-from adapters.kafka_library import KafkaNereus
-from adapters.kafka_wire import shard_for
-from kernel.model import Status
-from kernel.records import Cancel, Reschedule, Schedule
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.kafka.library import KafkaNereus
+from nereus.adapters.kafka.wire import shard_for
+from nereus.kernel.model import Status
+from nereus.kernel.records import Cancel, Reschedule, Schedule
 from tests import kafka_env
 from tests.kafka_cluster import TENANT, ServiceProc, Topics, audit, check_delivery, wait_until
 from tests.kafka_env import create_topic, unique_topic
@@ -123,3 +126,18 @@ def test_a_library_instance_with_a_data_dir_owns_shards(
         wait_until(lambda: lib.peek(topics.queue, key).status == "DELIVERED", 30, "delivered")
         peek = lib.peek(topics.queue, key)
         assert peek.found and peek.message_id == r.message_id
+
+        async def calls() -> None:
+            later = await lib.schedule_async(
+                topics.queue, "async", b"a", delay_ms=timedelta(minutes=10)
+            )
+            assert later.status == "scheduled"
+            assert (await lib.peek_async(topics.queue, "async")).status == "SCHEDULED"
+            page = await lib.list_async(topics.queue)
+            assert [row.timer_key for row in page.rows] == ["async"]  # the other was delivered
+            assert (await lib.cancel_async(topics.queue, "async")).status == "canceled"
+            with pytest.raises(ValueError, match="naive"):
+                await lib.schedule_async(topics.queue, "n", b"n", deliver_at_ms=datetime.now())
+
+        asyncio.run(calls())
+        assert lib.list(topics.queue).rows == ()

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from adapters.kafka_wire import shard_for
+from nereus.adapters.kafka.wire import shard_for
 from tests import kafka_env
 from tests.kafka_cluster import (
     TENANT,

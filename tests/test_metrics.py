@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.metrics import LAG_BUCKETS_S, Metrics
+from nereus.runtime.metrics import LAG_BUCKETS_S, Metrics
 
 
 def _buckets(text: str, name: str) -> list[tuple[str, float]]:

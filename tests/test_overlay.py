@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel.overlay import Overlay
+from nereus.kernel.overlay import Overlay
 
 # Each step: pick an existing version (by index) and write key=value to it, producing a new
 # version. Picking an old version is a branch.

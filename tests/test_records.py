@@ -12,14 +12,15 @@ from typing import Any
 import msgspec
 import pytest
 
-import kernel as k
-from kernel.records import (
+from nereus import kernel as k
+from nereus.kernel.records import (
     decode_record,
     encode_record,
     entry_from_json,
     entry_to_json,
     record_type,
 )
+from nereus.kernel.reducer import HANDLERS
 from tests.builders import DIGEST, T0_MS, interval_at, mid, not_published, published
 
 AID = f"{mid()}.1.1"
@@ -91,6 +92,10 @@ def _ids(samples: tuple[tuple[str, k.Record], ...]) -> list[str]:
 
 def test_every_record_type_has_a_sample() -> None:
     assert {type(r) for _, r in SAMPLES} == set(typing.get_args(k.Record))
+
+
+def test_the_reducer_dispatches_every_record_type_and_nothing_else() -> None:
+    assert set(HANDLERS) == set(typing.get_args(k.Record))
 
 
 def test_every_publish_result_has_a_sample() -> None:

@@ -15,13 +15,13 @@ from typing import Any
 import msgspec
 import pytest
 
-import kernel as k
-from adapters.cli import main as nereus
-from kernel.model import ShardMeta
-from replay.fold import replay
-from storage.codec import encode_value
-from storage.schema import SHARD_META_KEY
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.adapters.cli.main import main as nereus
+from nereus.kernel.model import ShardMeta
+from nereus.replay.fold import replay
+from nereus.storage.codec import encode_value
+from nereus.storage.schema import SHARD_META_KEY
+from nereus.storage.store import ShardStore
 from tests.builders import T0_MS, interval_at, mid, published, schedule, unknown
 
 PAYLOAD = b"payload"

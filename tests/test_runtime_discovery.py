@@ -14,11 +14,11 @@ import hashlib
 from collections import Counter
 from pathlib import Path
 
-from adapters.clock import SimulatedClock
-from kernel.codes import Code
-from kernel.config import KernelConfig
-from kernel.model import AttemptStatus, Status
-from kernel.records import (
+from nereus.adapters.clock import SimulatedClock
+from nereus.kernel.codes import Code
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.model import AttemptStatus, Status
+from nereus.kernel.records import (
     Cancel,
     Capability,
     ClaimResult,
@@ -28,7 +28,7 @@ from kernel.records import (
     Schedule,
     ShardState,
 )
-from kernel.timing import TrustedInterval
+from nereus.kernel.timing import TrustedInterval
 from tests.runtime_harness import T0_MS, Harness
 
 ERROR_MS = 5
@@ -76,6 +76,41 @@ def test_pause_band_neither_admits_nor_expires(tmp_path: Path) -> None:
     m = h.message("k")
     assert m.status is Status.EXPIRED
     assert h.sends == [] and h.delivered() == []
+    h.close()
+
+
+def test_latest_exactly_at_expire_at_neither_admits_nor_expires(tmp_path: Path) -> None:
+    """The edges themselves: with the interval's latest end exactly on expireAt (and its
+    earliest past actionAt) the timer is in the pause band; one millisecond more of the
+    earliest end is not enough to expire it, and earliest == expireAt is."""
+    h = _harness(tmp_path)
+    h.schedule("k", delay_ms=0, lifetime_ms=1_000)
+    expire_at_ms = h.message("k").expire_at_ms
+    h.clock.advance(expire_at_ms - ERROR_MS - h.clock.now_ms())
+    assert h.clock.interval().latest_ms == expire_at_ms
+    h.tick(3)
+    kinds = _kinds(h)
+    assert "PublishAdmission" not in kinds and "Expire" not in kinds
+    assert h.message("k").status is Status.SCHEDULED
+    h.clock.advance(2 * ERROR_MS - 1)  # earliest == expireAt - 1: not provably expired yet
+    h.tick(3)
+    assert "Expire" not in _kinds(h) and h.message("k").status is Status.SCHEDULED
+    h.clock.advance(1)  # earliest == expireAt
+    h.tick(2)
+    assert h.message("k").status is Status.EXPIRED
+    assert "PublishAdmission" not in _kinds(h) and h.sends == []
+    h.close()
+
+
+def test_latest_one_before_expire_at_admits(tmp_path: Path) -> None:
+    h = _harness(tmp_path)
+    h.schedule("k", delay_ms=0, lifetime_ms=1_000)
+    expire_at_ms = h.message("k").expire_at_ms
+    h.clock.advance(expire_at_ms - ERROR_MS - 1 - h.clock.now_ms())
+    assert h.clock.interval().latest_ms == expire_at_ms - 1
+    h.tick(2)
+    assert h.message("k").status is Status.DELIVERED
+    assert not h.problems
     h.close()
 
 
@@ -150,6 +185,30 @@ def test_an_admitted_attempt_waits_for_a_certain_clock_before_the_send(tmp_path:
     (record,) = h.delivered()
     assert record.delivered_at_ms >= record.deliver_at_ms
     assert h.message("k").status is Status.DELIVERED
+    assert not h.problems
+    h.close()
+
+
+def test_the_send_gate_at_the_exact_edge_of_the_action_time(tmp_path: Path) -> None:
+    """Admitted with earliest == actionAt; then the reading at send time steps back by one
+    millisecond (its latest end still well past actionAt): the send waits. A reading whose
+    earliest end is exactly actionAt again lets it go."""
+    clock = StumblingClock(T0_MS, error_ms=ERROR_MS)
+    h = Harness(tmp_path, clock)
+    r = h.schedule("k", delay_ms=100)
+    assert r.deliver_at_ms is not None
+    action_at_ms = r.deliver_at_ms
+    clock.advance(action_at_ms + ERROR_MS - clock.now_ms())
+    exact = clock.interval()
+    assert exact.earliest_ms == action_at_ms
+    short = TrustedInterval(action_at_ms - 1, action_at_ms - 1 + 2 * ERROR_MS)
+    clock.script = [exact, short]
+    h.tick()
+    assert h.message("k").status is Status.PUBLISHING
+    assert h.sends == [], "sent while the earliest reading was 1 ms before the action time"
+    clock.script = [exact, exact]
+    h.tick()
+    assert len(h.sends) == 1
     assert not h.problems
     h.close()
 

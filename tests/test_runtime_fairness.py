@@ -23,14 +23,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.clock import SimulatedClock
-from adapters.embedded import schedule_record
-from kernel.codes import Code
-from kernel.keys import message_id
-from runtime.config import RuntimeConfig
-from runtime.drr import DeficitRoundRobin, Lane
-from storage.schema import StoreOptions
-from storage.store import ShardStore
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.local.embedded import schedule_record
+from nereus.kernel.codes import Code
+from nereus.kernel.keys import message_id
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.drr import DeficitRoundRobin, Lane
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import ShardStore
 from tests.runtime_harness import T0_MS, Harness
 
 HOT_TIMERS = 100_000

@@ -8,42 +8,46 @@ The loop is run on the test's thread (`ShardRuntime.run()`), so this is determin
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
+import lmdb
 import pytest
 
-from adapters.clock import SimulatedClock
-from adapters.embedded import Nereus, schedule_record
-from adapters.http.api import TimerApi
-from kernel.digest import state_digest
-from kernel.records import Schedule
-from replay.fold import replay
-from runtime.errors import RuntimeHalted
-from runtime.shard import CommandFuture
-from storage.store import Appendable
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.http.api import TimerApi
+from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.kernel.digest import state_digest
+from nereus.replay.fold import replay
+from nereus.runtime.errors import RuntimeHalted
+from nereus.runtime.shard import CommandFuture
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import Appendable
 from tests.runtime_harness import T0_MS
+
+# A store whose LMDB map is smaller than what one round must write fails that round's commit
+# with MDB_MAP_FULL: a real storage failure, found inside the commit (nothing is mocked, and
+# no command is malformed: the runtime refuses those at submit).
+SMALL_MAP = StoreOptions(map_size_bytes=512 * 1024)
+
+
+def _open(path: Path) -> Nereus:
+    return Nereus.open(str(path), clock=SimulatedClock(T0_MS), store_options=SMALL_MAP)
 
 
 def _poisoned() -> Appendable:
-    """A schedule whose payload bytes do not match its digest: the store refuses it inside
-    the commit, so the round fails (no reducer or storage is mocked)."""
-    return (
-        Schedule("default", "q", "poison", "t", hashlib.sha256(b"a").hexdigest(), 1, delay_ms=0),
-        b"b",
-    )
+    return schedule_record("q", "poison", bytes(600_000), delay_ms=0)
 
 
 def _halt(n: Nereus) -> CommandFuture:
     future = n.runtime.submit([schedule_record("q", "innocent", b"x"), _poisoned()])
     n.runtime.run()  # the first round raises; run() records the halt and returns
-    assert isinstance(n.runtime.halted, ValueError)
+    assert isinstance(n.runtime.halted, lmdb.MapFullError)
     return future
 
 
 def test_a_failed_round_appends_nothing_and_new_commands_are_refused(tmp_path: Path) -> None:
-    with Nereus.open(str(tmp_path), clock=SimulatedClock(T0_MS)) as n:
+    with _open(tmp_path) as n:
         before = n.store.log_last_position
         _halt(n)
         assert n.store.log_last_position == before
@@ -68,7 +72,7 @@ def test_a_failed_round_appends_nothing_and_new_commands_are_refused(tmp_path: P
 
 
 def test_commands_queued_behind_a_failed_round_are_failed(tmp_path: Path) -> None:
-    with Nereus.open(str(tmp_path), clock=SimulatedClock(T0_MS)) as n:
+    with _open(tmp_path) as n:
         cfg = n.runtime.config
         n.runtime.submit([_poisoned()])
         # A round takes whole submissions up to max_commands_per_tick: this one fills it...
@@ -84,7 +88,7 @@ def test_commands_queued_behind_a_failed_round_are_failed(tmp_path: Path) -> Non
 
 
 def test_commands_in_the_failed_round_learn_of_the_halt_at_once(tmp_path: Path) -> None:
-    with Nereus.open(str(tmp_path), clock=SimulatedClock(T0_MS)) as n:
+    with _open(tmp_path) as n:
         future = _halt(n)
         assert future.done(), "the caller of a command in the failed round is left waiting"
         with pytest.raises(RuntimeHalted):

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from adapters.clock import SimulatedClock
-from adapters.local_destination import LocalDestination
-from kernel.codes import Code
-from kernel.config import KernelConfig
-from kernel.model import Attempt, AttemptStatus, Status, Table
-from kernel.records import Evidence, NotPublished, Published, PublishOutcome, Unknown
-from runtime.config import RuntimeConfig
-from storage.store import ShardStore
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.local.destination import LocalDestination
+from nereus.kernel.codes import Code
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.model import Attempt, AttemptStatus, Status, Table
+from nereus.kernel.records import Evidence, NotPublished, Published, PublishOutcome, Unknown
+from nereus.runtime.config import RuntimeConfig
+from nereus.storage.store import ShardStore
 from tests.runtime_harness import T0_MS, CrashBeforeWrite, Harness
 
 ERROR_MS = 5

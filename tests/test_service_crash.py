@@ -24,7 +24,7 @@ drains all due work. Then, reading the stores directly:
 
 `NEREUS_SERVICE_CRASH_ITERATIONS` sets the number of kills (default 8) and
 `NEREUS_SERVICE_CRASH_SEED` replays a run's kill schedule and workloads (the seed is in
-every assertion message).
+every assertion message; a fixed default, `random` draws one).
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ from typing import Any
 
 import pytest
 
-from adapters.local_destination import LocalDestination, LocalRecord
-from kernel.digest import state_digest
-from kernel.keys import attempt_prefix
-from kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from kernel.records import PublishOutcome, Unknown
-from replay.fold import replay
-from storage.store import ShardStore
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.kernel.digest import state_digest
+from nereus.kernel.keys import attempt_prefix
+from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
+from nereus.kernel.records import PublishOutcome, Unknown
+from nereus.replay.fold import replay
+from nereus.storage.store import ShardStore
+from tests.seeds import seed_from_env
 from tests.service_worker import MARKER_PREFIX, OUTCOMES, QUEUES
 from tests.worker_process import wait_ready
 
@@ -63,8 +64,8 @@ pytestmark = pytest.mark.slow
 
 
 def _seed() -> int:
-    raw = os.environ.get("NEREUS_SERVICE_CRASH_SEED", "").strip()
-    return int(raw) if raw else random.SystemRandom().randrange(2**32)
+    # A fixed default (the seed of the run RELIABILITY.md reports); `random` draws one.
+    return seed_from_env("NEREUS_SERVICE_CRASH_SEED", 1093026245)
 
 
 def _start(data: Path, seed: int, *extra: str) -> subprocess.Popen[bytes]:

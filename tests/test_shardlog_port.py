@@ -19,9 +19,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from adapters.clock import SimulatedClock
-from adapters.embedded import schedule_record
-from adapters.kafka_wire import (
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
     decode_envelope,
@@ -31,15 +30,17 @@ from adapters.kafka_wire import (
     payload_matches,
     shard_for,
 )
-from adapters.local_destination import LocalDestination
-from kernel.codes import Code
-from kernel.effects import EntryOutcome
-from kernel.records import Cancel, LogEntry, Schedule
-from runtime.metrics import Metrics, ScopedMetrics, drop_series
-from runtime.shard import ShardRuntime
-from runtime.shardlog import EmbeddedLog
-from storage.schema import LogSource
-from storage.store import ShardStore
+from nereus.adapters.local.destination import LocalDestination
+from nereus.adapters.local.embedded import schedule_record
+from nereus.kernel.codes import Code
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.records import Cancel, LogEntry, Schedule
+from nereus.runtime.clock import read_clock
+from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
+from nereus.runtime.shard import ShardRuntime
+from nereus.runtime.shardlog import EmbeddedLog
+from nereus.storage.schema import LogSource
+from nereus.storage.store import ShardStore
 
 T0_MS = 1_780_000_000_000
 
@@ -105,10 +106,11 @@ def test_the_default_shard_log_is_embedded(tmp_path: Path) -> None:
     store = ShardStore.open(str(tmp_path / "shard"))
     dest = LocalDestination(str(tmp_path / "dest"))
     try:
-        runtime = ShardRuntime(store, dest, SimulatedClock(T0_MS, error_ms=1))
+        clock = SimulatedClock(T0_MS, error_ms=1)
+        runtime = ShardRuntime(store, dest, clock)
         assert isinstance(runtime.shard_log, EmbeddedLog)
         future = runtime.submit([schedule_record("q", "k", b"x", delay_ms=0)])
-        runtime.tick()
+        runtime.tick(read_clock(clock))
         outcome = future.result(0)[0]
         assert outcome.code is Code.SCHEDULED and store.meta.position == 1
     finally:

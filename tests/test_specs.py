@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.specdoc import render_all
+from nereus.kernel.specdoc import render_all
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

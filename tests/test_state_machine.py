@@ -22,10 +22,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import kernel as k
-from kernel.effects import EntryOutcome, Publish
-from kernel.model import OPEN_ATTEMPT_STATUSES, AttemptStatus, Status
-from kernel.records import ShardStatus
+from nereus import kernel as k
+from nereus.kernel.effects import EntryOutcome, Publish
+from nereus.kernel.model import OPEN_ATTEMPT_STATUSES, AttemptStatus, Status
+from nereus.kernel.records import ShardStatus
 from tests.builders import DIGEST, OTHER_DIGEST, T0_MS
 from tests.strategies import CONFIG, IDENTITIES, LANES, MESSAGE_IDS, props
 

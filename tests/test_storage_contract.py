@@ -24,15 +24,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernel as k
-from kernel.effects import Effect
-from kernel.keys import parse_timeline_key, timeline_key
-from kernel.model import TABLES, PayloadRef, Table, TimelineWork, Value
-from kernel.state import MappingBase, StateBase
-from storage.codec import encode_value
-from storage.memory import MemoryStore
-from storage.schema import StoreOptions
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.kernel.effects import Effect
+from nereus.kernel.keys import parse_timeline_key, timeline_key
+from nereus.kernel.model import TABLES, PayloadRef, Table, TimelineWork, Value
+from nereus.kernel.state import MappingBase, StateBase
+from nereus.storage.codec import encode_value
+from nereus.storage.memory import MemoryStore
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import ShardStore
 from tests import strategies
 from tests.builders import (
     DIGEST,

@@ -20,12 +20,12 @@ import lmdb
 import msgspec
 import pytest
 
-import kernel as k
-from kernel.model import Table
-from storage.codec import encode_value, position_key
-from storage.errors import CorruptRecord, StoreError
-from storage.schema import HEADER_KEY, StoreOptions
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.kernel.model import Table
+from nereus.storage.codec import encode_value, position_key
+from nereus.storage.errors import CorruptRecord, StoreError
+from nereus.storage.schema import HEADER_KEY, StoreOptions
+from nereus.storage.store import ShardStore
 from tests.builders import QUEUE, T0_MS, TENANT, mid, schedule
 
 PAYLOAD = b"payload"

@@ -19,10 +19,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from storage import lmdbcheck
-from storage.errors import StoreError
-from storage.lmdbcheck import check_data_file
-from storage.store import ShardStore
+from nereus.storage import lmdbcheck
+from nereus.storage.errors import StoreError
+from nereus.storage.lmdbcheck import check_data_file
+from nereus.storage.store import ShardStore
 from tests.lmdb_files import (
     KEPT,
     build_short_store,

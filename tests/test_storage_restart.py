@@ -16,8 +16,8 @@ LMDB's own verdict on the file. The test also counts the stops after which the s
 store's newest meta page counted pages past the end of its file (about one in three), and
 requires some: without them it would not reach the case it is for. Before the fix, this
 test failed with 7 or 8 of the 10 directories refused, every one readable by LMDB in full.
-`NEREUS_RESTART_SEED` replays a run's stop schedule and workload seeds (the moment a
-signal lands still varies with the machine).
+`NEREUS_RESTART_SEED` replays a run's stop schedule and workload seeds (a fixed default,
+`random` draws one; the moment a signal lands still varies with the machine).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ import sys
 import time
 from pathlib import Path
 
-from adapters.local_destination import LocalDestination
-from kernel.digest import state_digest
-from replay.fold import replay
-from storage.errors import StoreError
-from storage.store import ShardStore
+from nereus.adapters.local.destination import LocalDestination
+from nereus.kernel.digest import state_digest
+from nereus.replay.fold import replay
+from nereus.storage.errors import StoreError
+from nereus.storage.store import ShardStore
 from tests.lmdb_files import lmdb_verdict, pages_past_eof
 from tests.restart_worker import REFUSED_EXIT
+from tests.seeds import seed_from_env
 
 ROOT = Path(__file__).resolve().parent.parent
 STORES = int(os.environ.get("NEREUS_RESTART_STORES", "10"))
@@ -46,8 +47,9 @@ READY_TIMEOUT_S = 30.0
 
 
 def _seed() -> int:
-    raw = os.environ.get("NEREUS_RESTART_SEED", "").strip()
-    return int(raw) if raw else random.SystemRandom().randrange(2**32)
+    # A fixed default, so every run stops the same workloads at the same moments; `random`
+    # draws one.
+    return seed_from_env("NEREUS_RESTART_SEED", 20261201)
 
 
 def _session(data_dir: Path, seed: int, stop_after_s: float, how: signal.Signals) -> str | None:

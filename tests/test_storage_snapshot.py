@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernel as k
-from adapters.cli import main as nereus
-from kernel.codes import POSITION_CODES
-from replay.fold import replay
-from storage.codec import frame
-from storage.errors import StoreError
-from storage.jsonl import JsonlLog, export_log, import_log
-from storage.snapshot import compact_log, read_snapshot, write_snapshot
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.adapters.cli.main import main as nereus
+from nereus.kernel.codes import POSITION_CODES
+from nereus.replay.fold import replay
+from nereus.storage.codec import frame
+from nereus.storage.errors import StoreError
+from nereus.storage.jsonl import JsonlLog, export_log, import_log
+from nereus.storage.snapshot import compact_log, read_snapshot, write_snapshot
+from nereus.storage.store import ShardStore
 from tests import strategies
 from tests.builders import OTHER_DIGEST, T0_MS, interval_at, mid, published, schedule, unknown
 
@@ -347,7 +347,7 @@ def test_an_export_and_a_snapshot_of_the_previous_versions_still_read(
     records and rows lack the field, and read with its default."""
     lines = exported.read_text(encoding="utf-8").splitlines()
     header = json.loads(lines[0])
-    assert header["version"] == 2
+    assert header["version"] == 3
     header["version"] = 1
     old = [json.loads(line) for line in lines[1:]]
     for entry in old:
@@ -355,7 +355,7 @@ def test_an_export_and_a_snapshot_of_the_previous_versions_still_read(
     exported.write_text("\n".join(json.dumps(x) for x in [header, *old]) + "\n", encoding="utf-8")
     assert list(JsonlLog(str(exported)).entries()) == list(store.iter_log())
     path, written = write_snapshot(store)
-    assert written.version == 4
+    assert written.version == 5
     blob, out = Path(path).read_bytes(), bytearray()
     first = True
     while blob:

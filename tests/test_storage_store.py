@@ -19,18 +19,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernel as k
-from kernel.codes import POSITION_CODES
-from kernel.effects import EntryOutcome, Publish
-from kernel.keys import timeline_key
-from kernel.model import AttemptStatus, Table, TimelineWork
-from replay.fold import replay
-from storage.base import LmdbBase
-from storage.codec import decode_struct, encode_value, frame
-from storage.errors import CorruptRecord, StoreError
-from storage.schema import HEADER_KEY, SCHEMA_VERSION, SHARD_META_KEY, StoreOptions
-from storage.snapshot import compact_log, write_snapshot
-from storage.store import Appendable, Applied, ShardStore
+from nereus import kernel as k
+from nereus.kernel.codes import POSITION_CODES
+from nereus.kernel.effects import EntryOutcome, Publish
+from nereus.kernel.keys import timeline_key
+from nereus.kernel.model import AttemptStatus, Table, TimelineWork
+from nereus.replay.fold import replay
+from nereus.storage.base import LmdbBase
+from nereus.storage.codec import decode_struct, encode_value, frame
+from nereus.storage.errors import CorruptRecord, StoreError
+from nereus.storage.schema import HEADER_KEY, SCHEMA_VERSION, SHARD_META_KEY, StoreOptions
+from nereus.storage.snapshot import compact_log, write_snapshot
+from nereus.storage.store import Appendable, Applied, ShardStore
 from tests import strategies
 from tests.builders import DIGEST, OTHER_DIGEST, T0_MS, interval_at, mid, published, schedule
 from tests.crash_worker import CONFIG, Workload, store_problems
@@ -164,11 +164,11 @@ def test_apply_pending_never_exceeds_the_configured_bound(tmp_path: Path) -> Non
 
 _SECOND_HANDLE = """
 import sys
-from kernel.model import Table
-from storage.base import LmdbBase
-from storage.codec import decode_struct
-from storage.schema import SHARD_META_KEY, StoreOptions
-from storage.store import ShardStore
+from nereus.kernel.model import Table
+from nereus.storage.base import LmdbBase
+from nereus.storage.codec import decode_struct
+from nereus.storage.schema import SHARD_META_KEY, StoreOptions
+from nereus.storage.store import ShardStore
 with ShardStore.open(sys.argv[1], create=False) as store, store.read() as base:
     attempt = base.get(Table.ATTEMPTS, sys.argv[2].encode())
     print(store.meta.position, attempt.status if attempt else None)
@@ -533,7 +533,7 @@ def test_a_version_3_store_is_migrated_in_place_and_its_rows_still_read(tmp_path
                 del row["fence_id"]
                 txn.put(key, frame(msgspec.msgpack.encode(row)), db=db)
     with ShardStore.open(path) as store:
-        assert store.header.schema_version == SCHEMA_VERSION == 4
+        assert store.header.schema_version == SCHEMA_VERSION == 5
         with store.read() as view:
             (attempt,) = [a for _, a in view.items(Table.ATTEMPTS)]
         assert isinstance(attempt, k.Attempt) and attempt.fence_id is None

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.cli import main as nereus
-from adapters.local_destination import LocalDestination
-from runtime.destination import PreparedPublish, Send
+from nereus.adapters.cli.main import main as nereus
+from nereus.adapters.local.destination import LocalDestination
+from nereus.runtime.destination import PreparedPublish, Send
 
 RECORDS = 2_500
 

@@ -8,11 +8,12 @@ and more uncertainty can only make the answer more cautious.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import kernel as k
-from kernel.timing import MAX_TIME_MS, MIN_TIME_MS, Decision
+from nereus import kernel as k
+from nereus.kernel.timing import MAX_TIME_MS, MIN_TIME_MS, Decision
 from tests.strategies import (
     props,
     timing_bounds,
@@ -65,21 +66,61 @@ def test_never_admit_before_action_time(case: tuple[k.TrustedInterval, int, int]
         assert interval.latest_ms < expire_at_ms
 
 
-@props(200)
+# The seed's three sentences, each stated on its own (not as the if-chain `decide` is):
+# "allow Publish Admission only when latestUtcNow < expireAt" (and only once the interval
+# proves the action time has come), "declare expired only when earliestUtcNow >= expireAt",
+# "otherwise pause without Admission or early EXPIRED" (or wait: not due yet).
+def seed_may_admit(i: k.TrustedInterval, action_at_ms: int, expire_at_ms: int) -> bool:
+    return i.latest_ms < expire_at_ms and i.earliest_ms >= action_at_ms
+
+
+def seed_may_expire(i: k.TrustedInterval, action_at_ms: int, expire_at_ms: int) -> bool:
+    return i.earliest_ms >= expire_at_ms
+
+
+def seed_must_pause(i: k.TrustedInterval, action_at_ms: int, expire_at_ms: int) -> bool:
+    return i.latest_ms >= expire_at_ms and not seed_may_expire(i, action_at_ms, expire_at_ms)
+
+
+@props(300)
 @given(decide_cases())
-def test_decide_is_the_seed_rule(case: tuple[k.TrustedInterval, int, int]) -> None:
-    """An independent restatement: admit only when latest < expireAt (and earliest has
-    reached actionAt), expire only when earliest >= expireAt, otherwise pause or wait."""
+def test_decide_answers_what_the_seed_sentences_allow(
+    case: tuple[k.TrustedInterval, int, int],
+) -> None:
+    """Each answer holds exactly when its sentence says so; WAIT is what is left."""
     interval, action_at_ms, expire_at_ms = case
-    if interval.earliest_ms >= expire_at_ms:
-        want = Decision.EXPIRE
-    elif interval.latest_ms >= expire_at_ms:
-        want = Decision.PAUSE
-    elif interval.earliest_ms >= action_at_ms:
-        want = Decision.ADMIT
-    else:
-        want = Decision.WAIT
-    assert k.decide(interval, action_at_ms, expire_at_ms) is want
+    answer = k.decide(interval, action_at_ms, expire_at_ms)
+    assert (answer is Decision.ADMIT) == seed_may_admit(interval, action_at_ms, expire_at_ms)
+    assert (answer is Decision.EXPIRE) == seed_may_expire(interval, action_at_ms, expire_at_ms)
+    assert (answer is Decision.PAUSE) == seed_must_pause(interval, action_at_ms, expire_at_ms)
+
+
+# Every combination of interval ends one millisecond either side of, or exactly on, actionAt
+# and expireAt: the edges where `>=` and `>` differ, checked without relying on hypothesis
+# to draw them.
+EDGE_ACTION_MS, EDGE_EXPIRE_MS = 10_000, 20_000
+EDGE_ENDS_MS = sorted(
+    {t + d for t in (EDGE_ACTION_MS, EDGE_EXPIRE_MS) for d in (-1, 0, 1)} | {0, 30_000}
+)
+EDGE_CASES = [
+    (earliest, latest) for earliest in EDGE_ENDS_MS for latest in EDGE_ENDS_MS if earliest <= latest
+]
+
+
+@pytest.mark.parametrize(("earliest_ms", "latest_ms"), EDGE_CASES)
+def test_decide_at_the_exact_edges(earliest_ms: int, latest_ms: int) -> None:
+    interval = k.TrustedInterval(earliest_ms, latest_ms)
+    answer = k.decide(interval, EDGE_ACTION_MS, EDGE_EXPIRE_MS)
+    if latest_ms == EDGE_EXPIRE_MS and earliest_ms < EDGE_EXPIRE_MS:
+        assert answer is Decision.PAUSE  # latest == expireAt: no Admission, no expiry
+    if earliest_ms == EDGE_EXPIRE_MS:
+        assert answer is Decision.EXPIRE  # earliest == expireAt: expired
+    if earliest_ms == EDGE_ACTION_MS and latest_ms < EDGE_EXPIRE_MS:
+        assert answer is Decision.ADMIT  # earliest == actionAt: due
+    if earliest_ms == EDGE_ACTION_MS - 1:
+        assert answer in (Decision.WAIT, Decision.PAUSE)  # one millisecond short
+    assert (answer is Decision.ADMIT) == seed_may_admit(interval, EDGE_ACTION_MS, EDGE_EXPIRE_MS)
+    assert (answer is Decision.EXPIRE) == seed_may_expire(interval, EDGE_ACTION_MS, EDGE_EXPIRE_MS)
 
 
 @props(200)
@@ -103,6 +144,19 @@ def test_unbounded_interval_always_pauses(bounds: tuple[int, int]) -> None:
     action_at_ms, expire_at_ms = bounds
     assert MIN_TIME_MS < expire_at_ms <= MAX_TIME_MS
     assert k.decide(k.UNBOUNDED, action_at_ms, expire_at_ms) is Decision.PAUSE
+
+
+@props(200)
+@given(st.integers(MIN_TIME_MS, MAX_TIME_MS), st.integers(0, 2**63))
+def test_an_interval_is_bounded_exactly_when_neither_end_is_a_limit(
+    earliest_ms: int, width_ms: int
+) -> None:
+    """The runtime never treats the unbounded interval (or one that reaches either of its
+    limits) as a reading: no discovery, no error bound, no wait computed from it."""
+    interval = k.TrustedInterval(earliest_ms, earliest_ms + width_ms)
+    inside = earliest_ms > MIN_TIME_MS and earliest_ms + width_ms < MAX_TIME_MS
+    assert interval.bounded is inside
+    assert not k.UNBOUNDED.bounded
 
 
 def v1_violations(

@@ -24,17 +24,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import kernel as k
-from adapters.errors import ShardNotLocal
-from adapters.kafka_service import KafkaService, KafkaServiceConfig
-from kernel.model import LIVE_STATUSES
-from storage.codec import encode_value, timer_index_key
-from storage.errors import StoreError
-from storage.jsonl import export_log, import_log
-from storage.memory import MemoryStore
-from storage.schema import HEADER_KEY, SCHEMA_VERSION, StoreOptions
-from storage.snapshot import compact_log, read_snapshot, write_snapshot
-from storage.store import ShardStore
+from nereus import kernel as k
+from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
+from nereus.kernel.model import LIVE_STATUSES
+from nereus.storage.codec import encode_value, timer_index_key
+from nereus.storage.errors import StoreError
+from nereus.storage.jsonl import export_log, import_log
+from nereus.storage.memory import MemoryStore
+from nereus.storage.schema import HEADER_KEY, SCHEMA_VERSION, StoreOptions
+from nereus.storage.snapshot import compact_log, read_snapshot, write_snapshot
+from nereus.storage.store import ShardStore
 from tests import strategies
 from tests.builders import DIGEST, OTHER_DIGEST, T0_MS, interval_at, published, schedule
 
@@ -511,11 +511,11 @@ def test_the_service_merges_every_shard_in_key_order(tmp_path: Path) -> None:
         with pytest.raises(ShardNotLocal):
             service.list_timers("reminders", None, 5, tenant="acme")
         for p, store in enumerate(stores[:2]):
-            service._owned[p] = _StubShard(p, store, _Runtime(), threading.Lock())  # type: ignore[assignment]
+            service.ownership.owned[p] = _StubShard(p, store, _Runtime(), threading.Lock())  # type: ignore[assignment]
         with pytest.raises(ShardNotLocal, match=r"\[2\]"):
             service.list_timers("reminders", None, 5, tenant="acme")
         assert service.tenant_usage("acme") == k.TenantUsage(14, 98), "owned shards only"
-        service._owned[2] = _StubShard(2, stores[2], _Runtime(), threading.Lock())  # type: ignore[assignment]
+        service.ownership.owned[2] = _StubShard(2, stores[2], _Runtime(), threading.Lock())  # type: ignore[assignment]
         assert service.tenant_usage("acme") == k.TenantUsage(20, 140)
         assert service.tenant_usage("globex") == k.TenantUsage(1, 7)
         for limit in (1, 3, 7, 20, 50):
@@ -534,7 +534,7 @@ def test_the_service_merges_every_shard_in_key_order(tmp_path: Path) -> None:
         rows, truncated = service.list_timers("reminders", "key-16", 3, tenant="acme")
         assert ([m.timer_key for m in rows], truncated) == (["key-17", "key-18", "key-19"], False)
         assert 0 < service.map_usage() < 1
-        service._owned[1].runtime.recovered = False  # type: ignore[attr-defined]
+        service.ownership.owned[1].runtime.recovered = False  # type: ignore[attr-defined]
         with pytest.raises(ShardNotLocal, match="shard 1"):
             service.list_timers("reminders", None, 5, tenant="acme")
     finally:

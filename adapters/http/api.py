@@ -36,13 +36,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from adapters import crypto
-from adapters.embedded import DEFAULT_TENANT, Nereus, schedule_record, to_result
-from adapters.errors import ShardNotLocal, Unavailable
-from adapters.http import routing
-from adapters.http.auth import Authenticator, Unauthorized
-from adapters.http.backend import EmbeddedBackend, TimerBackend
-from adapters.http.batch import (
+from nereus.adapters import crypto
+from nereus.adapters.errors import ShardNotLocal, Unavailable
+from nereus.adapters.http import routing
+from nereus.adapters.http.auth import Authenticator, Unauthorized
+from nereus.adapters.http.backend import EmbeddedBackend, TimerBackend
+from nereus.adapters.http.batch import (
     CancelOp,
     Checked,
     RescheduleOp,
@@ -51,26 +50,28 @@ from adapters.http.batch import (
     json_field,
     parse_batch,
 )
-from adapters.http.contract import (
+from nereus.adapters.http.contract import (
     GRANTS,
     LIST_DEFAULT_LIMIT,
     LIST_MAX_LIMIT,
     METERED_STATUSES,
     Route,
 )
-from adapters.http.errors import JSON, ApiError, Response, error_response, json_response
-from adapters.http.openapi import build_document
-from adapters.http.policy import Policy
-from adapters.http.process import ProcessMetrics
-from adapters.http.shapes import peek_json, result_json, row_json
-from adapters.metering import Blocks, Meter, RateLimiter
-from adapters.tenancy import Principal, Tenancy
-from kernel.effects import EntryOutcome
-from kernel.records import Cancel, Reschedule
-from kernel.validation import check_txn
-from runtime.errors import Overloaded, RuntimeHalted
-from runtime.log import Logger
-from storage.store import Appendable
+from nereus.adapters.http.errors import JSON, ApiError, Response, error_response, json_response
+from nereus.adapters.http.openapi import build_document
+from nereus.adapters.http.policy import Policy
+from nereus.adapters.http.process import ProcessMetrics
+from nereus.adapters.http.shapes import peek_json, result_json, row_json
+from nereus.adapters.local.embedded import Nereus, schedule_record, to_result
+from nereus.adapters.metering import Blocks, Meter, RateLimiter
+from nereus.adapters.tenancy import Principal, Tenancy
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.kernel.records import Cancel, Reschedule
+from nereus.kernel.validation import check_txn
+from nereus.runtime.errors import Overloaded, RuntimeHalted
+from nereus.runtime.log import Logger
+from nereus.storage.store import Appendable
 
 T = TypeVar("T")
 Handler = Callable[[Principal | None, "Request"], Awaitable[Response]]

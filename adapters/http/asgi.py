@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from adapters.http.api import TimerApi
-from adapters.http.errors import ApiError, Response, error_response
+from nereus.adapters.http.api import TimerApi
+from nereus.adapters.http.errors import ApiError, Response, error_response
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from adapters.tenancy import Principal
+from nereus.adapters.tenancy import Principal
 
 _SCHEME = "bearer"
 

@@ -4,25 +4,24 @@ Theory of operation: a command is appended and awaited without a thread of its o
 embedded runtime completes a `CommandFuture` on its loop thread once the commit is durable;
 `await_command` hangs an asyncio future on it (one `call_soon_threadsafe` at completion), so
 a request waiting for its fsync costs the event loop nothing while it waits. The Kafka
-service (`adapters.kafka_service.KafkaService`) offers the same `execute_async` over its
+service (`adapters.kafka.service.KafkaService`) offers the same `execute_async` over its
 reply waiters. Reads are plain calls: the API runs them off the event loop when a backend
 says they may block on a lock (`inline_reads` False, the Kafka service's shard locks).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from adapters.embedded import DEFAULT_TENANT, Nereus, Peek
-from kernel.config import KernelConfig
-from kernel.effects import EntryOutcome
-from kernel.model import Message, TenantUsage
-from runtime.metrics import Metrics
-from runtime.shard import CommandFuture
-from storage.store import Appendable
+from nereus.adapters.local.commands import await_command
+from nereus.adapters.local.embedded import Nereus, Peek
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.kernel.model import Message, TenantUsage
+from nereus.runtime.metrics import Metrics
+from nereus.storage.store import Appendable
 
 
 class TimerBackend(Protocol):
@@ -65,30 +64,6 @@ class TimerBackend(Protocol):
     def health(self) -> tuple[bool, dict[str, Any]]: ...
 
 
-async def await_command(future: CommandFuture, timeout_s: float) -> list[EntryOutcome]:
-    """The outcomes of a submitted command, awaited on the running event loop."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: CommandFuture) -> None:
-        # Runs on the runtime's thread inside its commit: it must never raise there, even
-        # when the server stopped and its loop is closed.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_resolve, done)
-
-    future.add_done_callback(wake)
-    try:
-        await asyncio.wait_for(done, timeout_s)
-    except TimeoutError:
-        raise TimeoutError("the command was not committed in time") from None
-    return future.result(0)
-
-
-def _resolve(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)
-
-
 class EmbeddedBackend:
     """The embedded `Nereus` (one shard in this process) as a TimerBackend."""
 
@@ -109,7 +84,7 @@ class EmbeddedBackend:
     async def execute_async(
         self, items: Sequence[Appendable], timeout_s: float
     ) -> list[EntryOutcome]:
-        return await await_command(self.nereus.runtime.submit(items), timeout_s)
+        return await await_command(self.nereus.runtime.submit(self.nereus.pin(items)), timeout_s)
 
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
         return self.nereus.peek(queue, timer_key, tenant=tenant)

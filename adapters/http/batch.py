@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from adapters import crypto
-from adapters.http.contract import MAX_OPERATIONS, RESERVED_HEADER_PREFIX, SERVER_OWNED
-from adapters.http.errors import ApiError
-from adapters.tenancy import Limits
-from kernel.config import KernelConfig
-from kernel.validation import check_headers, check_identity, check_txn
+from nereus.adapters import crypto
+from nereus.adapters.http.contract import MAX_OPERATIONS, RESERVED_HEADER_PREFIX, SERVER_OWNED
+from nereus.adapters.http.errors import ApiError
+from nereus.adapters.tenancy import Limits
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.validation import check_headers, check_identity, check_txn
 
 
 class _Op(msgspec.Struct, forbid_unknown_fields=True, rename="camel", tag_field="op"):

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from adapters.http.contract import ERROR_CODES, ERROR_STATUS
+from nereus.adapters.http.contract import ERROR_CODES, ERROR_STATUS
 
 JSON = "application/json"
 

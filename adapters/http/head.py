@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import h11
 
-from adapters.http.contract import HttpLimits
+from nereus.adapters.http.contract import HttpLimits
 
 _CONTENT_LENGTH = b"\ncontent-length:"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.http.contract import (
+from nereus.adapters.http.contract import (
     COMMON_ERRORS,
     ERROR_CODES,
     ERROR_STATUS,
@@ -25,8 +25,8 @@ from adapters.http.contract import (
     STATUSES,
     Route,
 )
-from adapters.tenancy import Tenancy
-from kernel.config import KernelConfig
+from nereus.adapters.tenancy import Tenancy
+from nereus.kernel.config import KernelConfig
 
 _REF = "#/components/schemas/"
 
@@ -93,7 +93,22 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
         "horizon (min of cell and tenant; the kernel allows at most "
         f"{kernel.limits.max_delay_horizon_ms}) is 403 horizon_exceeded.",
     }
-    evidence = _obj({"destination": _STR, "partition": _INT, "offset": _INT, "timestamp": _INT})
+    evidence = _obj(
+        {
+            "destination": _STR,
+            "partition": _INT,
+            "offset": _INT,
+            "timestamp": _INT,
+            "brokerMessageId": {
+                "type": "string",
+                "description": "The destination's own id of the record, where a partition "
+                "and an offset do not name it: Pulsar's `ledger:entry:partition:batch` "
+                "(`partition` is then Pulsar's partition index, -1 for a non-partitioned "
+                "topic, and `offset` -1). Absent for Kafka and the local destination.",
+            },
+        },
+        required=["destination", "partition", "offset", "timestamp"],
+    )
     row = {
         "queue": _STR,
         "timerKey": _STR,
@@ -121,6 +136,11 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
         "lastError": _nullable("string"),
         "createdAt": _INT,
         "updatedAt": _INT,
+        "evidence": {
+            "oneOf": [evidence, {"type": "null"}],
+            "description": "Where the destination has the record once DELIVERED; null "
+            "before (so always null for a listed timer, which is live).",
+        },
     }
     peek_found = {
         **row,

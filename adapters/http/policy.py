@@ -10,11 +10,11 @@ and handed in, so everything here is a plain decision over values.
 
 from __future__ import annotations
 
-from adapters.http.contract import HINT_HEADER, HINT_VALUE, STORAGE_FULL_FRACTION
-from adapters.http.errors import ApiError
-from adapters.metering import Blocks, RateLimiter, retry_after_s
-from adapters.tenancy import Principal, Tenancy, TenantPolicy
-from kernel.model import TenantUsage
+from nereus.adapters.http.contract import HINT_HEADER, HINT_VALUE, STORAGE_FULL_FRACTION
+from nereus.adapters.http.errors import ApiError
+from nereus.adapters.metering import Blocks, RateLimiter, retry_after_s
+from nereus.adapters.tenancy import Principal, Tenancy, TenantPolicy
+from nereus.kernel.model import TenantUsage
 
 _HINT = ((HINT_HEADER, HINT_VALUE),)
 

@@ -14,8 +14,8 @@ import resource
 import time
 from importlib import metadata
 
-from runtime import compiled
-from runtime.metrics import Metrics
+from nereus.runtime import compiled
+from nereus.runtime.metrics import Metrics
 
 _DESCRIBED = {
     "process_cpu_seconds_total": ("counter", "User and system CPU time spent, in seconds."),

@@ -51,10 +51,10 @@ import h11
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from adapters.http.contract import ERROR_STATUS, HttpLimits
-from adapters.http.errors import error_body
-from adapters.http.head import Refusal, check_head, classify, size_refusal
-from runtime.log import Logger
+from nereus.adapters.http.contract import ERROR_STATUS, HttpLimits
+from nereus.adapters.http.errors import error_body
+from nereus.adapters.http.head import Refusal, check_head, classify, size_refusal
+from nereus.runtime.log import Logger
 
 # How long a refused connection's remaining input is read and dropped before closing.
 LINGER_S = 1.0
@@ -432,11 +432,16 @@ class NereusProtocol(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         transport.resume_reading()
-        if transport.can_write_eof():
-            transport.write_eof()
-            self._arm(LINGER_S, transport.close)
-        else:
+        if not transport.can_write_eof():
             transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:
+            # The peer already reset the connection: nothing is left to linger for.
+            transport.close()
+            return
+        self._arm(LINGER_S, transport.close)
 
     def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
         self._disarm()

@@ -18,8 +18,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Final, NamedTuple
 
-from adapters.http.contract import ROUTES, Route
-from adapters.http.errors import ApiError
+from nereus.adapters.http.contract import ROUTES, Route
+from nereus.adapters.http.errors import ApiError
 
 _PARAM = re.compile(r"\{(\w+)\}")
 # A queue is one path segment; a timerKey is the rest of the path. Empty ones match, so that

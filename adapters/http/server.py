@@ -25,10 +25,10 @@ import time
 
 import uvicorn
 
-from adapters.http.api import TimerApi
-from adapters.http.asgi import TimerAsgiApp
-from adapters.http.contract import HttpLimits
-from adapters.http.protocol import Shared, protocol_class
+from nereus.adapters.http.api import TimerApi
+from nereus.adapters.http.asgi import TimerAsgiApp
+from nereus.adapters.http.contract import HttpLimits
+from nereus.adapters.http.protocol import Shared, protocol_class
 
 START_TIMEOUT_S = 10.0
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.embedded import Peek, Result
-from adapters.http.contract import STATUSES
-from kernel.model import Message
+import msgspec
+
+from nereus.adapters.http.contract import STATUSES
+from nereus.adapters.local.embedded import Peek, Result
+from nereus.kernel.model import Message
+from nereus.kernel.records import Evidence
 
 
 def result_json(result: Result, kind: str) -> dict[str, Any]:
@@ -32,13 +35,22 @@ def result_json(result: Result, kind: str) -> dict[str, Any]:
     if result.status == "too_late":
         out["attemptId"] = result.attempt_id
         if result.evidence is not None:
-            ev = result.evidence
-            out["evidence"] = {
-                "destination": ev["destination"],
-                "partition": ev["partition"],
-                "offset": ev["offset"],
-                "timestamp": ev["timestamp_ms"],
-            }
+            out["evidence"] = evidence_json(msgspec.convert(result.evidence, Evidence))
+    return out
+
+
+def evidence_json(ev: Evidence) -> dict[str, Any]:
+    """Where the destination has the record. `brokerMessageId` (the destination's own id,
+    Pulsar's `ledger:entry:partition:batch`) only where it has one, so every other answer
+    is what it was before the field existed."""
+    out: dict[str, Any] = {
+        "destination": ev.destination,
+        "partition": ev.partition,
+        "offset": ev.offset,
+        "timestamp": ev.timestamp_ms,
+    }
+    if ev.broker_message_id is not None:
+        out["brokerMessageId"] = ev.broker_message_id
     return out
 
 
@@ -64,6 +76,7 @@ def peek_json(p: Peek) -> dict[str, Any]:
         "claimed": p.claimed,
         "createdAt": p.created_at_ms,
         "updatedAt": p.updated_at_ms,
+        "evidence": evidence_json(p.evidence) if p.evidence is not None else None,
     }
 
 
@@ -84,4 +97,5 @@ def row_json(m: Message) -> dict[str, Any]:
         "lastError": m.last_error,
         "createdAt": m.created_at_ms,
         "updatedAt": m.updated_at_ms,
+        "evidence": evidence_json(m.evidence) if m.evidence is not None else None,
     }

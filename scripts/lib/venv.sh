@@ -13,12 +13,14 @@ ensure_venv() {
         "$py" -m venv .venv
     fi
     local stamp=.venv/.nereus-install want
-    want="$( (echo "pure=${NEREUS_PURE_PYTHON:-}"; cat pyproject.toml setup.py kernel/*.py storage/*.py runtime/*.py) | sha256sum | cut -d' ' -f1)"
+    want="$( (echo "pure=${NEREUS_PURE_PYTHON:-}"; cat pyproject.toml setup.py nereus/*.py kernel/*.py storage/*.py runtime/*.py) | sha256sum | cut -d' ' -f1)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-        && .venv/bin/python -c 'from runtime import compiled; compiled.check()' 2>/dev/null; then
+        && .venv/bin/python -c 'from nereus.runtime import compiled; compiled.check()' 2>/dev/null; then
         return
     fi
     rm -f "$stamp"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+    # No stamp after a failed install (a caller without `set -e` would otherwise skip the
+    # next attempt and run against a half-built environment).
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' || return 1
     echo "$want" > "$stamp"
 }

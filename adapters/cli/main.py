@@ -1,0 +1,54 @@
+"""The `nereus` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from nereus import __version__
+from nereus.adapters.cli import client as clientcmd
+from nereus.adapters.cli import demo
+from nereus.adapters.cli import serve as servecmd
+from nereus.adapters.cli import store as storecmd
+from nereus.adapters.cli import tail as tailcmd
+from nereus.replay import cli as replay_cli
+from nereus.runtime import compiled
+
+
+class _Version(argparse.Action):
+    """`--version`, with the kernel's build (compiled or Python source) worked out only when
+    asked for: it imports the kernel."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"nereus {__version__} (kernel: {compiled.describe()})")
+        parser.exit()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nereus", description=__doc__)
+    parser.add_argument("--version", action=_Version, help="print the version and the build")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo.register(sub)
+    replay_cli.register(sub)
+    storecmd.register(sub)
+    servecmd.register(sub)
+    tailcmd.register(sub)
+    clientcmd.register(sub)
+    args = parser.parse_args(argv)
+    try:
+        compiled.check()
+    except compiled.StaleBuild as exc:
+        print(f"nereus: error: {exc}", file=sys.stderr)
+        return 2
+    handler = args.handler
+    result: int = handler(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,408 @@
+"""`nereus serve`: run the service (`nereus tail`, in `tail.py`, reads what it delivered).
+
+`nereus serve --data DIR` runs the embedded default (one shard, LMDB log, local
+destination). `--config FILE` (TOML, `specs/http.md`) gives the tenants, their credentials,
+limits and queue encryption keys, and the listen address; without it the service has one
+tenant `default`, no authentication, and binds loopback only.
+
+`nereus serve --kafka BOOTSTRAP --data DIR` runs Kafka mode
+(`adapters.kafka.service`): the shards are the partitions of the commands topic, shared by
+every process in the group, and timers are published to Kafka topics (`--topic QUEUE=TOPIC`;
+a queue not listed publishes to the topic of its own name).
+
+`nereus serve --pulsar URL --data DIR` runs the embedded default with timers published to
+Apache Pulsar (every queue, ordinary managed delivery, `--topic QUEUE=TOPIC` as for Kafka);
+the config's `[pulsar]` section (`adapters.pulsar.config`) instead routes chosen queues to
+named Pulsar targets, with a certified delayed handoff where a target is configured for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.http.api import TimerApi
+from nereus.adapters.http.server import HttpServer
+from nereus.adapters.local.embedded import Nereus
+from nereus.adapters.tenancy import ConfigError, Tenancy, load_tenancy
+from nereus.runtime import compiled
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import Destination
+from nereus.runtime.log import Logger, configure_json_logging
+from nereus.storage.errors import StoreError
+
+if TYPE_CHECKING:
+    from nereus.adapters.kafka.service import KafkaService
+
+# How long `nereus serve --kafka` waits for a first answer from a cluster before refusing.
+CONTACT_TIMEOUT_S = 30.0
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser("serve", help="run one shard with the HTTP API")
+    p.add_argument("--data", required=True, help="data directory (shard store + local topics)")
+    p.add_argument(
+        "--config", metavar="FILE", help="service configuration (TOML): tenants, tokens, limits"
+    )
+    p.add_argument(
+        "--http",
+        default=None,
+        metavar="HOST:PORT",
+        help="listen address (default: [server] host/port of the config, else 127.0.0.1:6632)",
+    )
+    p.add_argument(
+        "--assume-clock-error-ms",
+        type=float,
+        default=None,
+        help="error bound to assume when the host clock reports no synchronisation "
+        "(without it, an unsynchronised host fires nothing)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--stop-timeout-s",
+        type=float,
+        default=30.0,
+        help="after SIGTERM/SIGINT, how long stopping may take before the process exits anyway "
+        "(nothing durable is lost: whatever was still in flight is settled by the next start)",
+    )
+    pl = p.add_argument_group("Pulsar destination")
+    pl.add_argument(
+        "--pulsar",
+        metavar="URL",
+        help="publish timers to Apache Pulsar (pulsar://host:port): every queue, with ordinary "
+        "managed delivery, unless the config's [pulsar] section routes queues to targets "
+        "(delayed handoff included); the section's targets without a service_url take this one",
+    )
+    k = p.add_argument_group("Kafka mode")
+    k.add_argument("--kafka", metavar="BOOTSTRAP", help="run the Kafka-partitioned shard log")
+    k.add_argument(
+        "--shards", type=int, default=None, help="partitions of the commands topic if created"
+    )
+    k.add_argument("--commands-topic", default="nereus.commands")
+    k.add_argument("--replies-topic", default="nereus.replies")
+    k.add_argument("--group", default="nereus-shards", help="consumer group of the owners")
+    k.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        metavar="QUEUE=TOPIC",
+        help="destination topic of a queue (repeatable)",
+    )
+    k.add_argument("--session-timeout-ms", type=int, default=6_000)
+    k.add_argument(
+        "--destination-bootstrap",
+        metavar="BOOTSTRAP",
+        help="the cluster timers are published to (default: the one of --kafka)",
+    )
+    k.add_argument(
+        "--delivery",
+        choices=["transactional", "idempotent"],
+        default="transactional",
+        help="transactional: each shard's sends are Kafka transactions, and a restart or a "
+        "takeover proves unfinished attempts absent (consumers must read with "
+        "isolation.level=read_committed); idempotent: for clusters without transactions "
+        "(an attempt in flight at a crash may be retried as a duplicate)",
+    )
+    k.add_argument(
+        "--destination-linger-ms",
+        type=int,
+        default=5,
+        help="how long the destination producer batches records before sending",
+    )
+    p.set_defaults(handler=serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen_address(
+    args: argparse.Namespace, tenancy: Tenancy, log: Logger
+) -> tuple[str, int] | None:
+    if args.http is None:
+        host, port = tenancy.server.host, tenancy.server.port
+    else:
+        host, _, port_text = args.http.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        try:
+            port = int(port_text)
+        except ValueError:
+            log.error("refused", detail=f"--http wants HOST:PORT, not {args.http!r}")
+            return None
+    if tenancy.auth_disabled and not _is_loopback(host):
+        log.error(
+            "refused",
+            detail=f"without --config the service has no authentication and binds loopback "
+            f"only; {host!r} is not a loopback address (give a --config with tenants and "
+            "tokens to listen elsewhere)",
+            http=f"{host}:{port}",
+        )
+        return None
+    return host, port
+
+
+def _tenancy(args: argparse.Namespace, log: Logger) -> Tenancy | None:
+    if args.config is None:
+        return Tenancy.open_default()
+    try:
+        return load_tenancy(args.config)
+    except ConfigError as exc:
+        log.error("refused", detail=str(exc), config=exc.source, key=exc.key)
+        return None
+
+
+def _api(
+    backend: Nereus | KafkaService, tenancy: Tenancy, log: Logger, host: str, port: int
+) -> tuple[TimerApi, HttpServer] | None:
+    try:
+        api = TimerApi(backend, tenancy=tenancy, logger=log)
+    except ConfigError as exc:
+        log.error("refused", detail=str(exc), config=exc.source, key=exc.key)
+        return None
+    try:
+        server = HttpServer(
+            api, host, port, limits=tenancy.server, access_log=tenancy.server.access_log
+        )
+    except OSError as exc:
+        log.error("refused", detail=f"cannot listen on {host}:{port}: {exc}")
+        return None
+    return api, server
+
+
+def _log_auth(tenancy: Tenancy, log: Logger) -> None:
+    if tenancy.auth_disabled:
+        log.warning(
+            "auth_disabled",
+            detail="no --config: one tenant 'default', no credentials, every grant, loopback only",
+        )
+    else:
+        log.info(
+            "tenancy",
+            config=tenancy.source,
+            tenants=sorted(tenancy.tenants),
+            tokens=len(tenancy.credentials),
+        )
+
+
+def serve(args: argparse.Namespace) -> int:
+    configure_json_logging(level=args.log_level)
+    log = Logger()
+    tenancy = _tenancy(args, log)
+    if tenancy is None:
+        return 2
+    log.info("kernel", compiled_modules=compiled.compiled_modules())
+    address = _listen_address(args, tenancy, log)
+    if address is None:
+        return 2
+    host, port = address
+    if args.kafka:
+        if args.pulsar or tenancy.pulsar:
+            log.error("refused", detail="the Pulsar destination runs in the embedded mode only")
+            return 2
+        return serve_kafka(args, log, tenancy, host, port)
+    if tenancy.kafka_settings:
+        log.warning("kafka_settings_unused", detail="[kafka] applies to --kafka mode only")
+    try:
+        destination = _pulsar_destination(args, tenancy, log)
+    except (ConfigError, ValueError) as exc:
+        log.error("refused", detail=str(exc))
+        return 2
+    try:
+        nereus = Nereus.open(
+            args.data,
+            destination=destination,
+            assume_clock_error_ms=args.assume_clock_error_ms,
+            runtime_config=RuntimeConfig(owner=f"{socket.gethostname()}:{os.getpid()}"),
+            logger=log,
+        )
+    except StoreError as exc:
+        log.error("refused", detail=str(exc))
+        if destination is not None:
+            destination.close()
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    made = _api(nereus, tenancy, log, host, port)
+    if made is None:
+        nereus.close()
+        return 2
+    _, server = made
+    nereus.start()
+    server.start()
+    _log_auth(tenancy, log)
+    log.info(
+        "serving",
+        url=f"http://{host}:{server.port}",
+        data=os.path.abspath(args.data),
+        applied_position=nereus.store.meta.position,
+    )
+    code = 0
+    while not stop.wait(0.5):
+        if nereus.runtime.halted is not None:
+            log.error("halted", error=repr(nereus.runtime.halted))
+            code = 1
+            break
+    return _stop_within(args.stop_timeout_s, log, code, server.stop, nereus.close)
+
+
+def _pulsar_destination(
+    args: argparse.Namespace, tenancy: Tenancy, log: Logger
+) -> Destination | None:
+    """The destination `--pulsar` and the config's `[pulsar]` section choose, or None for
+    the local destination alone. Raises ConfigError / ValueError when refused."""
+    if not args.pulsar and not tenancy.pulsar:
+        return None
+    try:
+        # An extra: the embedded default runs without the Pulsar client.
+        from nereus.adapters.pulsar.build import routed_destination  # noqa: PLC0415
+        from nereus.adapters.pulsar.config import routing_for_url  # noqa: PLC0415
+    except ImportError:
+        raise ValueError(
+            "the Pulsar destination needs pulsar-client: pip install 'nereus[pulsar]'"
+        ) from None
+    routing = tenancy.pulsar_routing(args.pulsar)
+    if routing is None:
+        return None
+    if args.topic and not tenancy.pulsar:
+        routing = routing_for_url(args.pulsar, _topics(args.topic))
+    log.info(
+        "pulsar_routing",
+        targets={n: t.service_url for n, t in routing.targets.items()},
+        queues=routing.queues,
+        default=routing.default,
+    )
+    return routed_destination(routing, args.data, logger=log)
+
+
+def _topics(specs: list[str]) -> dict[str, str]:
+    topics: dict[str, str] = {}
+    for spec in specs:
+        queue, sep, topic = spec.partition("=")
+        if not sep or not queue or not topic:
+            raise ValueError(f"--topic wants QUEUE=TOPIC, not {spec!r}")
+        topics[queue] = topic
+    return topics
+
+
+def serve_kafka(
+    args: argparse.Namespace, log: Logger, tenancy: Tenancy, host: str, port: int
+) -> int:
+    try:
+        # Kafka mode is an extra: the embedded default runs without librdkafka.
+        from confluent_kafka import KafkaException  # noqa: PLC0415
+
+        from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig  # noqa: PLC0415
+        from nereus.adapters.kafka.settings import refusal, unreachable  # noqa: PLC0415
+    except ImportError:
+        log.error("refused", detail="Kafka mode needs confluent-kafka: pip install 'nereus[kafka]'")
+        return 2
+    problem = refusal(tenancy.kafka_settings)
+    if problem is not None:
+        log.error(
+            "refused",
+            detail=f"librdkafka refuses the [kafka] settings: {problem}",
+            config=tenancy.source,
+            key="kafka",
+        )
+        return 2
+    # The commands topic's cluster only: the service must start while a destination is
+    # down (its sends wait; recovery settles them later).
+    problem = unreachable(args.kafka, tenancy.kafka_settings, CONTACT_TIMEOUT_S)
+    if problem is not None:
+        log.error("refused", detail=f"Kafka mode cannot reach {problem}")
+        return 2
+    try:
+        topics = _topics(args.topic)
+    except ValueError as exc:
+        log.error("refused", detail=str(exc))
+        return 2
+    config = KafkaServiceConfig(
+        bootstrap=args.kafka,
+        data_dir=args.data,
+        commands_topic=args.commands_topic,
+        replies_topic=args.replies_topic,
+        group=args.group,
+        shards=args.shards,
+        destination_topics=topics,
+        session_timeout_ms=args.session_timeout_ms,
+        destination_linger_ms=args.destination_linger_ms,
+        destination_delivery=args.delivery,
+        destination_bootstrap=args.destination_bootstrap,
+        client_config=dict(tenancy.kafka_settings),
+        process_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+    )
+    clock = SystemClock(assumed_error_ms=args.assume_clock_error_ms)
+    status = clock.describe()
+    if status.error_bound_ms is None:
+        log.warning(
+            "clock_unbounded",
+            detail="the host clock reports no synchronisation: nothing will be admitted or "
+            "expired until it does, or until --assume-clock-error-ms is given",
+        )
+    elif status.assumed:
+        log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
+    service = KafkaService(config, clock=clock, logger=log)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        service.start()
+    except (KafkaException, ValueError, TimeoutError, OSError) as exc:
+        log.error("refused", detail=f"Kafka mode cannot start: {exc}")
+        service.close()
+        return 2
+    made = _api(service, tenancy, log, host, port)
+    if made is None:
+        service.close()
+        return 2
+    _, server = made
+    server.start()
+    _log_auth(tenancy, log)
+    log.info(
+        "serving",
+        url=f"http://{host}:{server.port}",
+        data=os.path.abspath(args.data),
+        mode="kafka",
+        process=config.process_id,
+        commands_topic=config.commands_topic,
+        shards=service.shards,
+    )
+    stop.wait()
+    return _stop_within(args.stop_timeout_s, log, 0, server.stop, service.close)
+
+
+def _stop_within(timeout_s: float, log: Logger, code: int, *steps: Callable[[], None]) -> int:
+    """Run the stopping steps, for at most `timeout_s`. A step still running then (a broker
+    that does not answer, say) is abandoned and the process exits at once with code 1: what
+    it held is durable or settled by the next start, never lost."""
+    started = time.monotonic()
+    done = threading.Event()
+
+    def run() -> None:
+        for step in steps:
+            step()
+        done.set()
+
+    threading.Thread(target=run, name="nereus-stop", daemon=True).start()
+    if done.wait(timeout_s):
+        log.info("stopped", took_ms=int((time.monotonic() - started) * 1000))
+        return code
+    log.error("stop_timeout", timeout_s=timeout_s, detail="exiting with work still running")
+    sys.stderr.flush()
+    os._exit(1)

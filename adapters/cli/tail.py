@@ -1,0 +1,122 @@
+"""`nereus tail`: print what the embedded service delivered to a queue, as JSON lines.
+
+    nereus tail QUEUE --data DIR [--from OFFSET] [--limit N] [--follow]
+    nereus tail QUEUE --data DIR --group GROUP [--limit N] [--follow]
+
+With `--group` it reads as that consumer group (`adapters.local.consumer`): from the group's
+committed position, committing each page after it is printed, so the library's
+`Nereus.consumer(queue, group=...)` and `tail` share positions. Without it, it only reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from typing import Any
+
+from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.storage.errors import StoreError
+
+
+def register(sub: Any) -> None:
+    t: argparse.ArgumentParser = sub.add_parser(
+        "tail", help="print delivered records of a queue (optionally as a consumer group)"
+    )
+    t.add_argument("queue")
+    t.add_argument("--data", required=True, help="data directory of `nereus serve`")
+    t.add_argument("--from", dest="from_offset", type=int, default=None, metavar="OFFSET")
+    t.add_argument(
+        "--group",
+        help="read as this consumer group: start at its committed position and commit what "
+        "was printed (the same positions as the library's Nereus.consumer)",
+    )
+    t.add_argument("--follow", action="store_true", help="keep printing new records")
+    t.add_argument("--limit", type=int, default=None, help="stop after this many records")
+    t.set_defaults(handler=tail)
+
+
+def record_json(r: LocalRecord) -> dict[str, Any]:
+    return {
+        "queue": r.queue,
+        "offset": r.offset,
+        "partition": r.partition,
+        "messageId": r.message_id,
+        "attemptId": r.attempt_id,
+        "txn": r.txn,
+        "deliverAt": r.deliver_at_ms,
+        "deliveredAt": r.delivered_at_ms,
+        "headers": dict(r.headers),
+        "payload": base64.b64encode(r.payload).decode(),
+    }
+
+
+def tail(args: argparse.Namespace) -> int:
+    path = os.path.join(args.data, "destination")
+    if not os.path.isdir(path):
+        print(f"nereus tail: no local destination under {args.data}", file=sys.stderr)
+        return 2
+    if args.group is not None and args.from_offset is not None:
+        print(
+            "nereus tail: --group starts at the group's committed position; drop --from",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        dest = LocalDestination(path)
+    except StoreError as exc:
+        print(f"nereus tail: refused: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.group is None:
+            return _tail_from(dest, args)
+        return _tail_group(dest, args)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        dest.close()
+
+
+def _left(args: argparse.Namespace, printed: int) -> int:
+    """How many more records a page may hold (--limit counts exactly)."""
+    return 1000 if args.limit is None else min(1000, args.limit - printed)
+
+
+def _tail_from(dest: LocalDestination, args: argparse.Namespace) -> int:
+    offset = args.from_offset or 0
+    printed = 0
+    while args.limit is None or printed < args.limit:
+        batch = dest.read(args.queue, offset, _left(args, printed))
+        for record in batch:
+            print(json.dumps(record_json(record)), flush=True)
+        printed += len(batch)
+        if batch:
+            offset = batch[-1].offset + 1
+            continue  # a read returns a page: read on until the topic's end
+        if not args.follow:
+            break
+        dest.wait_for(args.queue, offset, None, lambda: False)
+    return 0
+
+
+def _tail_group(dest: LocalDestination, args: argparse.Namespace) -> int:
+    try:
+        consumer = LocalConsumer(dest, args.queue, group=args.group, auto_commit=False)
+    except (ConsumerBusy, ValueError) as exc:
+        print(f"nereus tail: {exc}", file=sys.stderr)
+        return 2
+    printed = 0
+    with consumer:
+        while args.limit is None or printed < args.limit:
+            batch = consumer.poll(None if args.follow else 0.0, _left(args, printed))
+            if not batch:
+                break
+            for record in batch:
+                print(json.dumps(record_json(record)), flush=True)
+            # Printed (and flushed) first: a crash in between prints them again.
+            consumer.commit()
+            printed += len(batch)
+    return 0

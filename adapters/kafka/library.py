@@ -1,0 +1,157 @@
+"""The library API in Kafka mode: the same calls as `nereus.Nereus`, over the commands topic.
+
+    from nereus.adapters.kafka.library import KafkaNereus
+
+    # An application that only schedules (the shards are owned by `nereus serve --kafka`):
+    with KafkaNereus.connect("127.0.0.1:9092") as nereus:
+        r = nereus.schedule("reminders", "trial:acme:day7", b"{}", delay_ms=1000)
+
+    # Or a process that also owns a share of the shards, as `nereus serve --kafka` does:
+    with KafkaNereus.connect("127.0.0.1:9092", data_dir="data",
+                             assume_clock_error_ms=5) as nereus:
+        ...
+
+Theory of operation: a command from the library is a record like any other, so it travels
+the way the HTTP API's do: produced to its shard's partition of the commands topic and
+answered by whichever process owns that shard (through the replies topic when that is another
+process). There is no second path into a shard: the shard's order is the topic's order, and a
+library call can never bypass the fencing that protects it. A call returns once the owner has
+durably applied the command, so its `Result` is the same one the embedded facade gives.
+`peek` reads only shards this process owns (`ShardNotLocal` otherwise), `list` needs every
+shard owned here; a client-only instance reads nothing and should ask a service's HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import Sequence
+from typing import Literal, TypedDict, Unpack
+
+import msgspec
+
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
+from nereus.adapters.local.commands import TimerCommands
+from nereus.adapters.local.results import Listing, Peek, listing_of, peek_of
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import EntryOutcome
+from nereus.runtime.clock import ClockSource
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.guard import check_items
+from nereus.runtime.log import Logger
+from nereus.runtime.metrics import Metrics
+from nereus.storage.store import Appendable
+
+
+class KafkaOptions(TypedDict, total=False):
+    """The `KafkaServiceConfig` fields `connect` takes as keywords (see it for each)."""
+
+    commands_topic: str
+    replies_topic: str
+    group: str
+    shards: int | None
+    default_shards: int
+    replication_factor: int
+    process_id: str
+    destination_topics: dict[str, str]
+    destination_bootstrap: str | None
+    destination_linger_ms: int
+    destination_delivery: Literal["transactional", "idempotent"]
+    session_timeout_ms: int
+    static_membership: bool
+    heartbeat_interval_ms: int
+    max_poll_interval_ms: int
+    reopen_backoff_ms: int
+    reply_window_ms: int
+    send_lease_ms: int
+    proof_interval_ms: int
+    replies_retention_ms: int
+    admin_timeout_s: float
+    client_config: dict[str, str | int | float | bool]
+
+
+class KafkaNereus(TimerCommands):
+    def __init__(self, service: KafkaService, *, timeout_s: float = 30.0) -> None:
+        self.service = service
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def connect(
+        cls,
+        bootstrap: str,
+        *,
+        data_dir: str | None = None,
+        clock: ClockSource | None = None,
+        assume_clock_error_ms: float | None = None,
+        kernel_config: KernelConfig | None = None,
+        runtime_config: RuntimeConfig | None = None,
+        metrics: Metrics | None = None,
+        logger: Logger | None = None,
+        timeout_s: float = 30.0,
+        **options: Unpack[KafkaOptions],
+    ) -> KafkaNereus:
+        """Join the Kafka-partitioned shard log at `bootstrap` and start. With `data_dir` this
+        process also owns a share of the shards (their LMDB stores live there); without it,
+        it is a client only. `options` are `KafkaServiceConfig` fields (topics, group,
+        librdkafka `client_config` such as SASL settings, ...), checked against their types.
+        The kernel config must equal the shard owners' (their stores refuse another)."""
+        try:
+            config = msgspec.convert(
+                {
+                    **options,
+                    "bootstrap": bootstrap,
+                    "data_dir": data_dir or "",
+                    "own_shards": data_dir is not None,
+                },
+                KafkaServiceConfig,
+            )
+        except msgspec.ValidationError as exc:
+            raise TypeError(f"KafkaNereus.connect: {exc}") from None
+        service = KafkaService(
+            config,
+            clock=clock or SystemClock(assumed_error_ms=assume_clock_error_ms),
+            kernel_config=kernel_config,
+            runtime_config=runtime_config,
+            metrics=metrics,
+            logger=logger,
+        )
+        service.start()
+        return cls(service, timeout_s=timeout_s)
+
+    def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
+        # The owner would drop a record it cannot decode, and this call would wait for it.
+        check_items(items)
+        return self.service.execute(items, self.timeout_s)
+
+    async def _run_async(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
+        check_items(items)
+        return await self.service.execute_async(items, self.timeout_s)
+
+    def _peek(self, tenant: str, queue: str, timer_key: str) -> Peek:
+        if not self.service.config.own_shards:
+            raise ShardNotLocal("a client-only instance owns no shard: peek through a service")
+        return self.service.peek(queue, timer_key, tenant=tenant)
+
+    def _list(self, tenant: str, queue: str, after: str | None, limit: int) -> Listing:
+        if not self.service.config.own_shards:
+            raise ShardNotLocal("a client-only instance owns no shard: list through a service")
+        rows, truncated = self.service.list_timers(queue, after, limit, tenant=tenant)
+        return listing_of([peek_of(m, None, None) for m in rows], truncated)
+
+    # Shard reads take the shard's lock, which a tick holds: off the event loop.
+    async def _peek_async(self, tenant: str, queue: str, timer_key: str) -> Peek:
+        return await asyncio.to_thread(self._peek, tenant, queue, timer_key)
+
+    async def _list_async(self, tenant: str, queue: str, after: str | None, limit: int) -> Listing:
+        return await asyncio.to_thread(self._list, tenant, queue, after, limit)
+
+    def close(self) -> None:
+        self.service.close()
+
+    def __enter__(self) -> KafkaNereus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

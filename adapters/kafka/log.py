@@ -1,0 +1,382 @@
+"""The Kafka-partitioned shard log: one partition of the commands topic is one shard's log.
+
+Theory of operation (the decisions are in `specs/kafka.md`):
+
+* **Records.** Each Kafka record's value is an `Envelope` (`adapters.kafka.wire`): a request
+  id, the process to reply to (or None), the kernel `Record`, and for a schedule its payload
+  bytes. Client commands go to partition `shard_for(identity)`; an owner's system mutations
+  go to its own partition.
+* **Positions.** Offsets are not dense (transaction markers take offsets), so the kernel's
+  position is the count of committed data records in the partition (read_committed), and
+  `persisted_at_ms` is the record's broker timestamp (`LogAppendTime`, checked per record).
+  `KafkaLog` folds what it reads into the shard's LMDB store with `ShardStore.apply`, which
+  writes the Kafka offset of the last folded record (`storage.schema.LogSource`), the payload
+  bytes and the runtime's claim rows in the same transaction. A restarted owner resumes at
+  that offset + 1. A record that is not an envelope gets no position (every owner skips it
+  the same way).
+* **Writes, fencing and the send lease** (`adapters.kafka.log_writer`). System mutations
+  (and the replies to the commands just folded, to the replies topic) are produced in one
+  Kafka transaction per tick, committed before the fold's LMDB transaction (see `commit`),
+  by a producer whose `transactional.id` is tied to the shard, so a new owner fences the old
+  one. A fenced or otherwise fatal producer raises `ShardLost`. A send may start only within
+  `send_lease_ms` of the start of the last transaction this owner committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+
+from nereus.adapters.kafka.log_writer import LogWriter
+from nereus.adapters.kafka.wire import (
+    Envelope,
+    Reply,
+    decode_envelope,
+    payload_matches,
+    watermarks,
+)
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.records import LogEntry, Schedule
+from nereus.runtime.log import Logger, NullLogger
+from nereus.runtime.metrics import Metrics
+from nereus.runtime.shardlog import COMMIT_BUCKETS_S, COMMIT_SECONDS, ShardLost
+from nereus.storage.errors import StoreError
+from nereus.storage.schema import LogSource
+from nereus.storage.store import Appendable, Applied, ShardStore
+
+
+class KafkaLogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    bootstrap: str
+    topic: str
+    partition: int
+    replies_topic: str
+    # This process's id: replies addressed to it complete locally, without the topic.
+    process_id: str
+    transactional_id_prefix: str = "nereus-shard"
+    # Replies are produced only for commands persisted this recently: an owner catching up
+    # on old history does not answer clients that stopped waiting long ago.
+    reply_window_ms: int = 60_000
+    send_lease_ms: int = 2_000
+    proof_interval_ms: int = 1_000
+    max_batch_records: int = 1_000
+    transaction_timeout_ms: int = 30_000
+    init_timeout_s: float = 30.0
+    commit_timeout_s: float = 10.0
+    retry_backoff_ms: int = 100
+    client_config: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.transactional_id_prefix}.{self.topic}.{self.partition}"
+
+
+class KafkaLog:
+    """A `runtime.shardlog.ShardLog` over one partition of the commands topic."""
+
+    accepts_commands = False
+
+    def __init__(
+        self,
+        store: ShardStore,
+        config: KafkaLogConfig,
+        *,
+        group_metadata: Callable[[], Any] | None = None,
+        on_reply: Callable[[str, EntryOutcome], None] | None = None,
+        logger: Logger | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.log = logger or NullLogger()
+        self.metrics = metrics or Metrics()
+        self._on_reply = on_reply
+        # Names this ownership tenure's own records (request ids "<tenure>:<seq>").
+        self.tenure = uuid.uuid4().hex[:10]
+        self._writer = LogWriter(
+            config, self.tenure, group_metadata=group_metadata, metrics=self.metrics, log=self.log
+        )
+        self._consumer: Any = None
+        self._opened = False
+        self._buffer: list[Any] = []
+        self._folded_offset = -1
+        self._catchup_target: int | None = None
+        self._caught_up = False
+        self._folded_own_seq = 0
+        self._local_replies: list[tuple[str, EntryOutcome]] = []
+        self._undecodable = 0
+        self.metrics.describe(
+            COMMIT_SECONDS,
+            "histogram",
+            "Commits of the Kafka shard log: the fold of what was read (LMDB, synced) and the "
+            "tick's Kafka transaction.",
+        )
+
+    # Opening ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._opened:
+            return
+        c = self.config
+        source = self.store.source
+        if source is None:
+            if self.store.meta.position != 0:
+                raise StoreError(
+                    self.store.path, "holds an embedded shard log; it cannot follow a topic"
+                )
+        elif (source.topic, source.partition) != (c.topic, c.partition):
+            raise StoreError(
+                self.store.path,
+                f"follows {source.topic}[{source.partition}], not {c.topic}[{c.partition}]",
+            )
+        self._folded_offset = source.last_offset if source is not None else -1
+        common: dict[str, Any] = {"bootstrap.servers": c.bootstrap}
+        common.update(c.client_config)
+        self._writer.open(common)
+        consumer = Consumer(
+            {
+                **common,
+                "client.id": f"nereus-shardlog-{c.partition}",
+                # Assigned, never subscribed nor committed with: positions live in LMDB.
+                "group.id": f"nereus-shardlog-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "auto.offset.reset": "error",
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        start = self._folded_offset + 1
+        if start == 0:
+            low, _high = watermarks(
+                consumer, TopicPartition(c.topic, c.partition), c.init_timeout_s
+            )
+            if low > 0:
+                consumer.close()
+                raise StoreError(
+                    self.store.path,
+                    f"{c.topic}[{c.partition}] starts at offset {low}, not 0 (retention "
+                    "deleted records): shard log positions cannot be counted from here",
+                )
+            start = OFFSET_BEGINNING
+        consumer.assign([TopicPartition(c.topic, c.partition, start)])
+        self._consumer = consumer
+        self._opened = True
+        self.log.info(
+            "shard_log_opened",
+            topic=c.topic,
+            partition=c.partition,
+            transactional_id=c.transactional_id,
+            resume_offset=self._folded_offset + 1,
+            applied_position=self.store.meta.position,
+            tenure=self.tenure,
+        )
+
+    # State --------------------------------------------------------------------------------
+
+    def caught_up(self) -> bool:
+        if not self._caught_up and self._catchup_target is not None:
+            self._caught_up = self._folded_offset >= self._catchup_target
+            if self._caught_up:
+                self.log.info(
+                    "shard_log_caught_up",
+                    partition=self.config.partition,
+                    applied_position=self.store.meta.position,
+                    offset=self._folded_offset,
+                )
+        return self._caught_up
+
+    def settled(self) -> bool:
+        return (
+            self.caught_up()
+            and not self._writer.unwritten
+            and self._folded_own_seq >= self._writer.committed_seq
+        )
+
+    def send_allowed(self) -> bool:
+        return self._writer.send_allowed()
+
+    def pending(self) -> bool:
+        if not self._buffer:
+            self._fill(0)
+        if self._buffer:
+            return True
+        return self._writer.pending(self._caught_up)
+
+    # Reading ------------------------------------------------------------------------------
+
+    def _fill(self, timeout_s: float) -> bool:
+        """Move what the consumer has into the buffer, waiting up to `timeout_s` for the
+        first record. True if anything (a record or the end of the partition) arrived."""
+        first = self._consumer.poll(timeout_s)
+        if first is None:
+            return False
+        room = max(self.config.max_batch_records - len(self._buffer), 1)
+        for m in [first, *self._consumer.consume(room, 0)]:
+            err = m.error()
+            if err is None:
+                self._buffer.append(m)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                if self._catchup_target is None:
+                    self._catchup_target = (
+                        self._buffer[-1].offset() if self._buffer else self._folded_offset
+                    )
+            elif err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise RuntimeError(f"cannot read {self.config.topic}: {err}")
+            else:
+                self.log.warning("shard_log_read_error", error=str(err))
+        return True
+
+    def wait(self, timeout_s: float, wake: threading.Event) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._fill(min(left, 0.05)):
+                return
+
+    # Folding ------------------------------------------------------------------------------
+
+    def _fold(
+        self,
+        now_ms: int,
+        also: Callable[[Any], None],
+        before_commit: Callable[[list[Applied]], None],
+    ) -> list[Applied]:
+        c = self.config
+        batch = self._buffer[: c.max_batch_records]
+        del self._buffer[: len(batch)]
+        entries: list[LogEntry] = []
+        payloads: dict[int, bytes] = {}
+        origin: dict[int, Envelope] = {}
+        position = self.store.meta.position
+        for m in batch:
+            ts_type, ts = m.timestamp()
+            if ts_type != TIMESTAMP_LOG_APPEND_TIME:
+                raise RuntimeError(
+                    f"{c.topic}[{c.partition}] offset {m.offset()} has no LogAppendTime "
+                    "timestamp: the broker's persistence time is the only time the shard "
+                    "log may carry (message.timestamp.type=LogAppendTime)"
+                )
+            try:
+                envelope = decode_envelope(m.value() or b"")
+            except msgspec.DecodeError as exc:
+                self._undecodable += 1
+                self.metrics.inc("nereus_shard_log_undecodable_total")
+                self.log.warning(
+                    "shard_log_record_skipped", offset=m.offset(), error=str(exc)[:200]
+                )
+                continue
+            position += 1
+            entries.append(LogEntry(position, ts, envelope.record))
+            origin[position] = envelope
+            record, payload = envelope.record, envelope.payload
+            if isinstance(record, Schedule) and payload is not None:
+                if payload_matches(record, payload):
+                    payloads[position] = payload
+                else:
+                    self.log.warning("payload_mismatch", position=position, offset=m.offset())
+
+        def replies_then_write(results: list[Applied]) -> None:
+            for entry, effects in results:
+                envelope = origin[entry.position]
+                self._own_folded(envelope.request_id)
+                reply_to = envelope.reply_to
+                if reply_to is None or entry.persisted_at_ms < now_ms - c.reply_window_ms:
+                    continue
+                outcome = effects[0]
+                assert isinstance(outcome, EntryOutcome)
+                if reply_to == c.process_id and self._on_reply is not None:
+                    self._local_replies.append((envelope.request_id, outcome))
+                else:
+                    self._writer.replies.append((reply_to, Reply(envelope.request_id, outcome)))
+            before_commit(results)
+
+        last_offset = batch[-1].offset()
+        source = LogSource("kafka", c.topic, c.partition, last_offset)
+        results = self.store.apply(
+            entries,
+            also=also,
+            source=source,
+            payloads=payloads,
+            before_commit=replies_then_write,
+        )
+        self._folded_offset = last_offset
+        return results
+
+    def _own_folded(self, request_id: str) -> None:
+        tenure, _, seq = request_id.partition(":")
+        if tenure == self.tenure and seq.isdigit():
+            self._folded_own_seq = max(self._folded_own_seq, int(seq))
+
+    # Writing ------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        items: Sequence[Appendable],
+        now_ms: int,
+        also: Callable[[Any], None],
+    ) -> tuple[list[LogEntry], list[Applied]]:
+        """Fold what was read and write the tick's records with the replies to the folded
+        commands, in one Kafka transaction committed BEFORE the fold's store transaction:
+        a reply is a pure function of the committed log, so it may go out before this
+        owner's copy of the fold is durable, and a crash in between only repeats it (a
+        restarted owner folds the same entries again and answers again; a reply nobody
+        waits for is ignored). The other order could lose replies."""
+        started = time.perf_counter()
+        if not self._buffer:
+            self._fill(0)
+        self._writer.unwritten.extend(items)
+        lost: list[ShardLost] = []
+
+        def write(_results: list[Applied]) -> None:
+            if self._writer.write_due(self._caught_up):
+                failure = self._writer.transact(self._folded_offset)
+                if failure is not None:
+                    lost.append(failure)  # raised after the fold commits: it is still true
+
+        if self._buffer:
+            # Claim rows reach the store with the fold (they only tell a restarted process
+            # which claims died with its predecessor).
+            results = self._fold(now_ms, also, write)
+        else:
+            results = []
+            write(results)
+        local, self._local_replies = self._local_replies, []
+        if self._on_reply is not None:
+            for request_id, outcome in local:
+                self._on_reply(request_id, outcome)
+        if lost:
+            raise lost[0]
+        seconds = time.perf_counter() - started
+        self.metrics.observe(COMMIT_SECONDS, seconds, None, COMMIT_BUCKETS_S)
+        return [], results
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Let go of the partition. Transactions never stay open between ticks, so there is
+        nothing to abort; records not yet written are dropped (the next owner's recovery
+        resolves the attempts they would have reported)."""
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                self.log.warning("shard_log_close_failed", error=str(exc))
+            self._consumer = None
+        self._writer.close()
+        self._opened = False
+        self._buffer = []
+        self._local_replies = []

@@ -1,0 +1,85 @@
+"""Reads in Kafka mode: what this process can answer from the shards it owns.
+
+Theory of operation: a peek needs the timer's shard owned here and caught up; a queue
+listing needs every shard (`ShardNotLocal` otherwise), each read in its own snapshot, one
+after the other, and merged in key order. Tenant usage for quotas is the sum over the shards
+this process owns right now, so with shards spread over processes a quota sees part of the
+usage. Each shard is read under its lock, so a shard being closed is never read.
+"""
+
+from __future__ import annotations
+
+from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.kafka.ownership import OwnedShard
+from nereus.adapters.kafka.wire import shard_for
+from nereus.adapters.local.embedded import Peek, peek_store
+from nereus.kernel.model import Message, TenantUsage
+
+
+def peek(
+    owned: dict[int, OwnedShard], shards: int, queue: str, timer_key: str, *, tenant: str
+) -> Peek:
+    partition = shard_for(tenant, queue, timer_key, shards)
+    shard = owned.get(partition)
+    if shard is None:
+        raise ShardNotLocal(f"shard {partition} is not owned by this process")
+    with shard.lock:
+        if shard.closed or not shard.runtime.is_recovered():
+            raise ShardNotLocal(f"shard {partition} is still catching up here")
+        return peek_store(shard.store, shard.runtime, queue, timer_key, tenant=tenant)
+
+
+def list_timers(
+    owned: dict[int, OwnedShard],
+    shards: int,
+    queue: str,
+    after: str | None,
+    limit: int,
+    *,
+    tenant: str,
+) -> tuple[list[Message], bool]:
+    """Up to `limit` live timers of the queue with timer keys strictly after `after`, in
+    UTF-8 byte order, and whether more follow (see `StoreView.list_timers`)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    missing = [p for p in range(shards) if p not in owned]
+    if not shards or missing:
+        raise ShardNotLocal(
+            f"listing a queue reads every shard; shards {missing} are not owned by this process"
+        )
+    rows: list[Message] = []
+    more = False
+    for partition in range(shards):
+        shard = owned[partition]
+        with shard.lock:
+            if shard.closed or not shard.runtime.is_recovered():
+                raise ShardNotLocal(f"shard {partition} is not readable here right now")
+            with shard.store.read() as view:
+                page, truncated = view.list_timers(tenant, queue, after, limit)
+        rows.extend(page)
+        more = more or truncated
+    rows.sort(key=lambda m: m.timer_key.encode())
+    return rows[:limit], more or len(rows) > limit
+
+
+def tenant_usage(owned: dict[int, OwnedShard], tenant: str) -> TenantUsage:
+    live = size = 0
+    for shard in owned.values():
+        with shard.lock:
+            if shard.closed:
+                continue
+            with shard.store.read() as view:
+                usage = view.tenant_usage(tenant)
+        live += usage.live
+        size += usage.bytes
+    return TenantUsage(live=live, bytes=size)
+
+
+def map_usage(owned: dict[int, OwnedShard]) -> float:
+    """The fullest owned shard store's fraction of its LMDB map in use (0.0 if none)."""
+    fullest = 0.0
+    for shard in owned.values():
+        with shard.lock:
+            if not shard.closed:
+                fullest = max(fullest, shard.store.map_usage())
+    return fullest

@@ -1,0 +1,93 @@
+"""Topic admin: the commands and replies topics, created if absent, and checked.
+
+Theory of operation: the commands topic's partitions are the shards. It is created with
+`message.timestamp.type=LogAppendTime` (the broker's persistence time is the only time the
+shard log may carry) and no retention (positions are counted from offset 0), and an existing
+one is refused at start if its timestamps are not the broker's or if an explicit shard count
+differs from its partition count (changing it would move identities between shards). The
+replies topic keeps replies for `replies_retention_ms`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.cimpl import NewTopic
+
+from nereus.adapters.kafka.config import KafkaServiceConfig
+from nereus.runtime.log import Logger
+
+
+def ensure_topics(c: KafkaServiceConfig, max_message_bytes: int, log: Logger) -> int:
+    """Create the commands and replies topics if absent; check the commands topic. Returns
+    the shard count (its partitions)."""
+    admin = AdminClient({**c.client_settings(), "client.id": "nereus-admin"})
+    wanted = c.shards or c.default_shards
+    commands = NewTopic(
+        c.commands_topic,
+        wanted,
+        c.replication_factor,
+        config={
+            "message.timestamp.type": "LogAppendTime",
+            "retention.ms": "-1",
+            "retention.bytes": "-1",
+            "cleanup.policy": "delete",
+            "max.message.bytes": str(max_message_bytes),
+        },
+    )
+    replies = NewTopic(
+        c.replies_topic,
+        wanted,
+        c.replication_factor,
+        config={"retention.ms": str(c.replies_retention_ms)},
+    )
+    futures = admin.create_topics([commands, replies], operation_timeout=c.admin_timeout_s)
+    for name, future in futures.items():
+        try:
+            future.result(timeout=c.admin_timeout_s)
+            log.info("topic_created", topic=name, partitions=wanted)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    partitions = wait_for_leaders(admin, c.commands_topic, c.admin_timeout_s)
+    wait_for_leaders(admin, c.replies_topic, c.admin_timeout_s)
+    if c.shards is not None and partitions != c.shards:
+        raise ValueError(
+            f"{c.commands_topic} has {partitions} partitions, not {c.shards}: the shard "
+            "count is the partition count, and changing it would move identities "
+            "between shards"
+        )
+    resource = ConfigResource(ConfigResource.Type.TOPIC, c.commands_topic)
+    entries = admin.describe_configs([resource])[resource].result(timeout=c.admin_timeout_s)
+    ts_type = entries.get("message.timestamp.type")
+    if ts_type is None or ts_type.value != "LogAppendTime":
+        raise ValueError(
+            f"{c.commands_topic} has message.timestamp.type="
+            f"{ts_type.value if ts_type is not None else '?'}: the shard log's persistence "
+            "time must be the broker's (LogAppendTime)"
+        )
+    return partitions
+
+
+def wait_for_leaders(admin: Any, topic: str, timeout_s: float) -> int:
+    """Wait until every partition of `topic` has a leader; returns the partition count."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            meta = admin.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            meta = None
+        if (
+            meta is not None
+            and meta.error is None
+            and meta.partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
+        ):
+            return len(meta.partitions)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"topic {topic} has no leaders after {timeout_s} s")
+        time.sleep(0.1)

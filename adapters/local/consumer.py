@@ -1,0 +1,283 @@
+"""How an embedded program receives its timers: a consumer of the local destination.
+
+    with nereus.consumer("reminders", group="mailer") as consumer:
+        for record in consumer.records(idle_timeout_s=30):
+            send_mail(record.payload)          # committed when the loop asks for the next
+
+    nereus.consumer("reminders", group="mailer").run(handle)   # the handler form
+
+Theory of operation: a queue's deliveries are a topic of the local destination with dense
+offsets from 0. A consumer group has one durable position per topic, kept in the
+destination's own LMDB environment: the offset of the first record the group has not
+handled. A consumer starts there and hands records out in offset order, a batch at a time
+(what is there, up to `max_batch`); committing moves the position past what was handled, in
+one synced write. Delivery is at least once: a record handed out but not committed (a crash,
+an exception, a `break`) is handed out again by the group's next consumer, and the position
+never moves past a record that was not handled, so nothing is skipped.
+
+With `auto_commit` (the default) a record counts as handled when its handler returns
+(`run`) or when the loop asks for the next one (`records()`), and the handled records are
+committed in one write when the batch is done, before the consumer waits for more, and when
+the handler raises or the loop is left (then up to the record before). So a crash hands out
+again at most one batch; a handler that raises or a loop left by `break` sees only its own
+record again. `poll()` with auto commit commits what the previous poll returned. Without
+auto commit the program calls `commit()` itself.
+
+One consumer per group and topic at a time, in any process (a lock file beside the
+environment): two would hand out the same records. Waiting for records blocks on a
+condition the destination's sends notify, without polling, when the records are written by
+this process (the embedded runtime); records written by another process are looked for
+every `OTHER_WRITER_POLL_S`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+from nereus.adapters.local.arguments import integer, text
+from nereus.adapters.local.destination import LocalDestination, LocalRecord
+
+# A group name is part of an LMDB key beside the topic (511 bytes at most).
+MAX_GROUP_BYTES = 150
+# Records handed out at once: what a crash may hand out again under auto commit.
+DEFAULT_MAX_BATCH = 100
+
+
+class ConsumerBusy(RuntimeError):
+    """Another consumer of the same group and topic is open (in this or another process)."""
+
+
+class LocalConsumer:
+    """Reads one topic of a `LocalDestination` for one consumer group."""
+
+    def __init__(
+        self,
+        destination: LocalDestination,
+        queue: str,
+        *,
+        group: str,
+        auto_commit: bool = True,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        self.queue = text("queue", queue)
+        self.group = text("group", group)
+        if not self.group or "\x00" in self.group or len(self.group.encode()) > MAX_GROUP_BYTES:
+            raise ValueError(f"group must be 1..{MAX_GROUP_BYTES} bytes without NUL")
+        if not isinstance(auto_commit, bool):
+            raise TypeError(f"auto_commit must be a bool, not {type(auto_commit).__name__}")
+        self.auto_commit = auto_commit
+        self.max_batch = _count("max_batch", max_batch)
+        self._destination = destination
+        self._lock_fd = _lock(destination.path, self.group, self.queue)
+        self._closed = threading.Event()
+        try:
+            self._committed = destination.committed(self.group, self.queue) or 0
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._next = self._committed  # the next offset to hand out
+        self._handled = self._committed  # auto commit: handled below this, maybe not written
+        self._polled: int | None = None  # auto commit: the end of the last poll's batch
+
+    @property
+    def committed(self) -> int:
+        """The group's durable position: the first offset it has not handled."""
+        return self._committed
+
+    @property
+    def position(self) -> int:
+        """The next offset this consumer hands out."""
+        return self._next
+
+    def poll(
+        self, timeout_s: float | None = 0.0, max_records: int | None = None
+    ) -> list[LocalRecord]:
+        """Up to `max_records` (default `max_batch`) records from the position on, waiting
+        up to `timeout_s` (None: until there are some, or `close()`) when there are none
+        yet. With auto commit, what the previous poll returned is committed first."""
+        self._check_open()
+        if self.auto_commit and self._polled is not None:
+            self._handled = max(self._handled, self._polled)
+            self._polled = None
+            self._flush()
+        batch = self._fetch(timeout_s, self.max_batch if max_records is None else max_records)
+        if batch:
+            self._next = batch[-1].offset + 1
+            if self.auto_commit:
+                self._polled = self._next
+        return batch
+
+    def commit(self, record: LocalRecord | None = None) -> None:
+        """Durably mark handled every record handed out up to `record` (default: all handed
+        out so far). The position never moves back, nor past what was handed out."""
+        self._check_open()
+        if record is None:
+            offset = self._next
+        else:
+            if not isinstance(record, LocalRecord) or record.queue != self.queue:
+                raise ValueError(f"commit takes a record of {self.queue!r} from this consumer")
+            if record.offset >= self._next:
+                raise ValueError(f"record {record.offset} was not handed out by this consumer")
+            offset = record.offset + 1
+        self._handled = max(self._handled, offset)
+        self._flush()
+
+    def records(
+        self, *, limit: int | None = None, idle_timeout_s: float | None = None
+    ) -> Iterator[LocalRecord]:
+        """Each record in turn, waiting for more as they are delivered; ends after `limit`
+        records (None: no limit), after `idle_timeout_s` without a new record (None: never),
+        or at `close()`. With auto commit a record is handled when the loop asks for the
+        next one; one whose loop body raised or left the loop (unless committed with
+        `commit(record)` first) is handed out again, by this consumer too."""
+        left = None if limit is None else _count("limit", limit)
+        while left is None or left > 0:
+            batch = self._fetch(
+                idle_timeout_s, self.max_batch if left is None else min(left, self.max_batch)
+            )
+            if not batch:
+                return
+            for record in batch:
+                self._next = record.offset + 1
+                finished = False
+                try:
+                    yield record
+                    finished = True
+                finally:
+                    if not finished:
+                        self._leave(record)
+                if self._closed.is_set():
+                    return
+                if self.auto_commit:
+                    self._handled = record.offset + 1
+            if left is not None:
+                left -= len(batch)
+            self._flush_handled()
+
+    def __iter__(self) -> Iterator[LocalRecord]:
+        return self.records()
+
+    def run(
+        self,
+        handler: Callable[[LocalRecord], object],
+        *,
+        limit: int | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> int:
+        """Call `handler(record)` for each record in turn until `limit` records were handled
+        (None: no limit), `idle_timeout_s` passes without a record (None: never) or the
+        consumer is closed (from another thread, say); with auto commit each batch is
+        committed once its handlers returned. A handler that raises ends the run with its
+        exception, what was handled before it committed and its own record handed out
+        again. Returns how many records were handled."""
+        left = None if limit is None else _count("limit", limit)
+        handled = 0
+        while left is None or handled < left:
+            want = self.max_batch if left is None else min(left - handled, self.max_batch)
+            batch = self._fetch(idle_timeout_s, want)
+            if not batch:
+                break
+            for record in batch:
+                self._next = record.offset + 1
+                try:
+                    handler(record)
+                except BaseException:
+                    self._leave(record)
+                    raise
+                handled += 1
+                if self._closed.is_set():
+                    return handled
+                if self.auto_commit:
+                    self._handled = record.offset + 1
+            self._flush_handled()
+        return handled
+
+    def close(self) -> None:
+        """Stop: a blocked `poll`, `records()` or `run` returns. With auto commit, what was
+        handled is committed first; a record handed out and not handled is handed out again
+        to the group's next consumer."""
+        if self._closed.is_set():
+            return
+        try:
+            if self.auto_commit:
+                self._flush()
+        finally:
+            self._closed.set()
+            self._destination.wake()
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> LocalConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fetch(self, timeout_s: float | None, max_records: int) -> list[LocalRecord]:
+        """Records from the position on (not yet handed out), waiting for some; what was
+        handled is committed before waiting."""
+        max_records = _count("max_records", max_records)
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
+        ):
+            raise TypeError(f"timeout_s must be a number or None, not {type(timeout_s).__name__}")
+        if self._closed.is_set():
+            return []
+        batch = self._destination.read(self.queue, self._next, max_records)
+        if batch:
+            return batch
+        self._flush_handled()
+        if not self._destination.wait_for(self.queue, self._next, timeout_s, self._closed.is_set):
+            return []
+        return self._destination.read(self.queue, self._next, max_records)
+
+    def _leave(self, record: LocalRecord) -> None:
+        """The handler of `record` raised or its loop was left: commit what came before and
+        (with auto commit) hand `record` out again."""
+        if self.auto_commit:
+            # Unless the program committed it itself before it left.
+            self._next = max(record.offset, self._committed)
+        if not self._closed.is_set():
+            self._flush_handled()
+
+    def _flush_handled(self) -> None:
+        if self.auto_commit and not self._closed.is_set():
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._handled > self._committed:
+            self._destination.commit(self.group, self.queue, self._handled)
+            self._committed = self._handled
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise RuntimeError(f"the consumer of {self.queue!r} for {self.group!r} is closed")
+
+
+def _count(name: str, value: object) -> int:
+    number = integer(name, value)
+    if number < 1:
+        raise ValueError(f"{name} must be at least 1, not {number}")
+    return number
+
+
+def _lock(path: str, group: str, queue: str) -> int:
+    folder = os.path.join(path, "consumers")
+    os.makedirs(folder, exist_ok=True)
+    name = hashlib.sha256(f"{group}\x00{queue}".encode()).hexdigest()[:32]
+    fd = os.open(os.path.join(folder, f"{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConsumerBusy(
+            f"group {group!r} already has a consumer of {queue!r} ({holder}): one at a "
+            "time per group and queue"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+    return fd

@@ -1,0 +1,283 @@
+"""The embedded default destination: durable local topics in their own LMDB environment.
+
+Theory of operation: each queue is a topic with dense offsets from 0. A batch of sends is
+written in one LMDB write transaction committed with sync, so after `submit` returns each
+record is either durably there with its offset or not there at all. An index from attempt id
+to (topic, offset) gives exact evidence lookup. Consumers (`adapters.local.consumer`, and
+`nereus tail --group`) keep their positions here too, one per consumer group and topic,
+and are woken by the sends of their own process (`wait_for`).
+
+The destination is a separate environment from the shard store on purpose: it stands for a
+broker. The shard store never writes here and this never writes there, so "the PUBLISHING
+record was durable before the send" is a checkable fact, not an accident of one transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import lmdb
+import msgspec
+
+from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published
+from nereus.runtime.destination import (
+    FinishedSearch,
+    Lookup,
+    Search,
+    SearchOutcome,
+    Send,
+    SendResult,
+)
+from nereus.storage.codec import decode_struct, encode_value
+from nereus.storage.errors import StoreError
+from nereus.storage.lmdbcheck import check_data_file
+
+DEFAULT_MAX_RECORD_BYTES = 1024 * 1024 + 64 * 1024
+# How often a consumer looks for records written by another process (a `nereus serve`
+# that a `nereus tail --follow` reads): those sends cannot wake it.
+OTHER_WRITER_POLL_S = 0.1
+
+
+class LocalRecord(msgspec.Struct, frozen=True):
+    queue: str
+    offset: int
+    partition: str | None
+    message_id: str
+    generation: int
+    attempt_id: str
+    txn: str
+    deliver_at_ms: int
+    delivered_at_ms: int
+    headers: list[tuple[str, str]]
+    payload: bytes
+    producer_sub: str | None
+    encrypted: bool
+
+
+def _record_key(topic: str, offset: int) -> bytes:
+    return topic.encode() + b"\x00" + offset.to_bytes(8, "big")
+
+
+class LocalDestination:
+    """A `runtime.destination.Destination` over local LMDB topics."""
+
+    name = "local"
+    capability: Capability = IMMEDIATE
+    # A crashed writer's batch either committed or left nothing, but nothing stops a second
+    # process from opening the same directory, so absence is not claimed as proof here.
+    fence_id: str | None = None
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        sync: bool = True,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        before_send: Callable[[Sequence[Send]], None] | None = None,
+    ) -> None:
+        os.makedirs(path, exist_ok=True)
+        check_data_file(os.path.join(path, "data.mdb"))
+        self.path = path
+        self._max_record_bytes = max_record_bytes
+        # A test hook: runs inside submit, before the write, to check what the sender knew.
+        self._before_send = before_send
+        try:
+            self._env: Any = lmdb.open(path, map_size=64 * 1024**3, max_dbs=8, sync=sync)
+            self._records = self._env.open_db(b"records")
+            self._offsets = self._env.open_db(b"offsets")
+            self._attempts = self._env.open_db(b"attempts")
+            self._positions = self._env.open_db(b"positions")
+        except lmdb.Error as exc:
+            raise StoreError(path, f"cannot open the local destination: {exc}") from exc
+        self._results: list[SendResult] = []
+        # Notified after every committed batch of sends, for consumers waiting in `wait_for`.
+        self._arrived = threading.Condition()
+        # True once a runtime sends through this instance: then every record of the
+        # directory is written by this process and wakes its consumers itself.
+        self._writer = False
+        self._closed = False
+
+    def open(self, store_id: str) -> None:
+        self._writer = True
+
+    def max_record_bytes(self, topic: str) -> int:
+        return self._max_record_bytes
+
+    def topic_for(self, queue: str) -> str:
+        return queue
+
+    def submit(self, sends: Sequence[Send], now_ms: int) -> None:
+        if not sends:
+            return
+        if self._before_send is not None:
+            self._before_send(sends)
+        written: list[SendResult] = []
+        try:
+            with self._env.begin(write=True) as txn:
+                next_offsets: dict[str, int] = {}
+                for send in sends:
+                    p = send.prepared
+                    if p.size_bytes() > self._max_record_bytes:
+                        written.append(
+                            SendResult(
+                                send.attempt_id,
+                                p.message_id,
+                                p.generation,
+                                NotPublished("permanent", "record_too_large"),
+                            )
+                        )
+                        continue
+                    offset = next_offsets.get(p.topic)
+                    if offset is None:
+                        raw = txn.get(p.topic.encode(), db=self._offsets)
+                        offset = 0 if raw is None else int.from_bytes(raw, "big")
+                    record = LocalRecord(
+                        queue=p.topic,
+                        offset=offset,
+                        partition=p.key.decode() if p.key is not None else None,
+                        message_id=p.message_id,
+                        generation=p.generation,
+                        attempt_id=send.attempt_id,
+                        txn=p.txn,
+                        deliver_at_ms=p.deliver_at_ms,
+                        delivered_at_ms=now_ms,
+                        headers=[(k, v.decode(errors="replace")) for k, v in send.headers()],
+                        payload=p.value,
+                        producer_sub=p.producer_sub,
+                        encrypted=p.encrypted,
+                    )
+                    txn.put(_record_key(p.topic, offset), encode_value(record), db=self._records)
+                    txn.put(
+                        send.attempt_id.encode(),
+                        _record_key(p.topic, offset),
+                        db=self._attempts,
+                    )
+                    next_offsets[p.topic] = offset + 1
+                    written.append(
+                        SendResult(
+                            send.attempt_id,
+                            p.message_id,
+                            p.generation,
+                            Published(Evidence(p.topic, 0, offset, now_ms)),
+                        )
+                    )
+                for topic, offset in next_offsets.items():
+                    txn.put(topic.encode(), offset.to_bytes(8, "big"), db=self._offsets)
+            if next_offsets:
+                self.wake()
+        except lmdb.Error as exc:
+            # The transaction did not commit: every record of the batch is definitely absent.
+            written = [
+                SendResult(
+                    s.attempt_id,
+                    s.prepared.message_id,
+                    s.prepared.generation,
+                    NotPublished("retriable", "local_destination_error", str(exc)),
+                )
+                for s in sends
+            ]
+        self._results.extend(written)
+
+    def poll(self, timeout_s: float) -> list[SendResult]:
+        results, self._results = self._results, []
+        return results
+
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
+        """Every lookup is an index read: the search is over when it is made."""
+        found: dict[str, Evidence] = {}
+        for lookup in lookups:
+            evidence = self.find(lookup.attempt_id, lookup.topic, lookup.since_ms)
+            if evidence is not None:
+                found[lookup.attempt_id] = evidence
+        return FinishedSearch(SearchOutcome(found, complete=True, searched="attempt index"))
+
+    def find(self, attempt_id: str, topic: str, since_ms: int) -> Evidence | None:
+        with self._env.begin() as txn:
+            key = txn.get(attempt_id.encode(), db=self._attempts)
+            if key is None:
+                return None
+            raw = txn.get(key, db=self._records)
+        if raw is None:
+            return None
+        record = decode_struct(LocalRecord, raw, self.path, f"record {key!r}")
+        return Evidence(record.queue, 0, record.offset, record.delivered_at_ms)
+
+    def read(self, topic: str, from_offset: int = 0, limit: int = 1000) -> list[LocalRecord]:
+        out: list[LocalRecord] = []
+        prefix = topic.encode() + b"\x00"
+        with self._env.begin() as txn, txn.cursor(db=self._records) as cursor:
+            if not cursor.set_range(_record_key(topic, from_offset)):
+                return out
+            for key, raw in cursor:
+                if not key.startswith(prefix) or len(out) >= limit:
+                    break
+                out.append(decode_struct(LocalRecord, raw, self.path, f"record {key!r}"))
+        return out
+
+    def iter_all(self, topic: str) -> Iterator[LocalRecord]:
+        offset = 0
+        while True:
+            batch = self.read(topic, offset)
+            if not batch:
+                return
+            yield from batch
+            offset = batch[-1].offset + 1
+
+    def end_offset(self, topic: str) -> int:
+        with self._env.begin() as txn:
+            raw = txn.get(topic.encode(), db=self._offsets)
+        return 0 if raw is None else int.from_bytes(raw, "big")
+
+    # Consumers ----------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Wake every consumer waiting in `wait_for` (new records, or a consumer closing)."""
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def wait_for(
+        self, topic: str, offset: int, timeout_s: float | None, stop: Callable[[], bool]
+    ) -> bool:
+        """Block until `topic` holds a record at `offset` (True), `timeout_s` passed or
+        `stop()` says so (False). Sends of this process wake the wait; records another
+        process writes are seen within OTHER_WRITER_POLL_S."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._arrived:
+            while True:
+                # `close` takes this lock too: the environment is open while it is held.
+                if stop() or self._closed:
+                    return False
+                if self.end_offset(topic) > offset:
+                    return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if not self._writer:
+                    left = OTHER_WRITER_POLL_S if left is None else min(left, OTHER_WRITER_POLL_S)
+                self._arrived.wait(left)
+
+    def committed(self, group: str, topic: str) -> int | None:
+        """The next offset `group` is to read from `topic`, or None if it never committed."""
+        with self._env.begin() as txn:
+            raw = txn.get(_position_key(group, topic), db=self._positions)
+        return None if raw is None else int.from_bytes(raw, "big")
+
+    def commit(self, group: str, topic: str, offset: int) -> None:
+        """Durably record that `group` has handled `topic` below `offset` (one synced
+        write transaction)."""
+        with self._env.begin(write=True) as txn:
+            txn.put(_position_key(group, topic), offset.to_bytes(8, "big"), db=self._positions)
+
+    def close(self) -> None:
+        with self._arrived:
+            self._closed = True
+            self._arrived.notify_all()
+            self._env.close()
+
+
+def _position_key(group: str, topic: str) -> bytes:
+    return group.encode() + b"\x00" + topic.encode()

@@ -1,0 +1,257 @@
+"""The library API: one shard on a directory, with the local destination by default.
+
+    from datetime import timedelta
+    from nereus import Nereus
+
+    with Nereus.open("data", assume_clock_error_ms=5) as nereus:
+        nereus.start()                                   # the runtime in a thread
+        r = nereus.schedule("reminders", "trial:acme:day7", b"{}", delay_ms=timedelta(seconds=1))
+        print(r.status, r.message_id, r.deliver_at_ms)
+        print(nereus.peek("reminders", "trial:acme:day7"))
+        with nereus.consumer("reminders", group="mailer") as consumer:
+            for record in consumer.records(limit=1, idle_timeout_s=10):
+                print("delivered", record.payload)
+
+Theory of operation: a thin facade over `runtime.ShardRuntime`: it opens the shard store
+(`DIR/shard`) and the local destination (`DIR/destination`), builds checked records from the
+caller's arguments (`adapters.local.commands`; payload bytes are hashed there, the log holds
+only the digest), and waits for each command's durable outcome, on the caller's thread or,
+for the `_async` calls, on the event loop. The program receives its timers through
+`consumer()`, a consumer group's durable position in the destination. `run_async()` runs the
+loop for asyncio users.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+from collections.abc import Sequence
+
+import msgspec
+
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.local.arguments import schedule_record
+from nereus.adapters.local.commands import TimerCommands, await_command
+from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH, LocalConsumer
+from nereus.adapters.local.destination import LocalDestination
+from nereus.adapters.local.results import Listing, Peek, Result, listing_of, peek_of, to_result
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import DEFAULT_TENANT, message_id
+from nereus.kernel.model import Message, Table
+from nereus.kernel.records import Schedule
+from nereus.runtime.clock import ClockSource
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import Destination, capability_for
+from nereus.runtime.log import Logger, NullLogger
+from nereus.runtime.metrics import Metrics
+from nereus.runtime.shard import ShardRuntime
+from nereus.runtime.shardlog import EmbeddedLog
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import Appendable, ShardStore
+
+__all__ = [
+    "Listing",
+    "Nereus",
+    "Peek",
+    "Result",
+    "TimerCommands",
+    "list_store",
+    "peek_store",
+    "schedule_record",
+    "to_result",
+]
+
+# How long a command may wait for its durable commit.
+COMMAND_TIMEOUT_S = 30.0
+
+
+class Nereus(TimerCommands):
+    """One embedded shard: `Nereus.open(DIR)`, the calls of `TimerCommands`, and
+    `consumer()` to receive the timers it delivers."""
+
+    def __init__(self, store: ShardStore, destination: Destination, runtime: ShardRuntime) -> None:
+        self.store = store
+        self.destination = destination
+        self.runtime = runtime
+        self._consumers: builtins.list[LocalConsumer] = []
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str,
+        *,
+        destination: Destination | None = None,
+        clock: ClockSource | None = None,
+        assume_clock_error_ms: float | None = None,
+        kernel_config: KernelConfig | None = None,
+        runtime_config: RuntimeConfig | None = None,
+        store_options: StoreOptions | None = None,
+        metrics: Metrics | None = None,
+        logger: Logger | None = None,
+    ) -> Nereus:
+        """Open (or create) the shard in `data_dir`. Without an explicit clock the host
+        clock is used; on a host that reports no synchronisation nothing fires unless
+        `assume_clock_error_ms` states the error bound the operator vouches for."""
+        log = logger or NullLogger()
+        store = ShardStore.open(
+            os.path.join(data_dir, "shard"), config=kernel_config, options=store_options
+        )
+        dest: Destination | None = destination
+        try:
+            dest = dest or LocalDestination(os.path.join(data_dir, "destination"))
+            clk = clock or SystemClock(assumed_error_ms=assume_clock_error_ms)
+            status = clk.describe()
+            if status.error_bound_ms is None:
+                log.warning(
+                    "clock_unbounded",
+                    detail="the host clock reports no synchronisation: nothing will be "
+                    "admitted or expired until it does, or until an assumed error bound is "
+                    "configured (--assume-clock-error-ms)",
+                )
+            elif status.assumed:
+                log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
+            registry = metrics or Metrics()
+            runtime = ShardRuntime(
+                store,
+                dest,
+                clk,
+                config=runtime_config,
+                metrics=registry,
+                logger=log,
+                shard_log=EmbeddedLog(store, registry),
+            )
+        except BaseException:
+            if dest is not None and destination is None:
+                dest.close()
+            store.close()
+            raise
+        return cls(store, dest, runtime)
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the runtime in a background thread."""
+        self.runtime.start()
+
+    async def run_async(self) -> None:
+        """Run the runtime until cancelled, for asyncio applications. The loop itself runs in
+        a worker thread: LMDB commits block."""
+        self.runtime.start()
+        try:
+            while self.runtime.halted is None:
+                await asyncio.sleep(0.1)
+            raise RuntimeError(f"runtime halted: {self.runtime.halted}")
+        finally:
+            await asyncio.to_thread(self.runtime.stop)
+
+    def close(self) -> None:
+        for consumer in self._consumers:
+            consumer.close()
+        self.runtime.stop()
+        self.destination.close()
+        self.store.close()
+
+    def __enter__(self) -> Nereus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Receiving ----------------------------------------------------------------------------
+
+    def consumer(
+        self,
+        queue: str,
+        *,
+        group: str,
+        auto_commit: bool = True,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> LocalConsumer:
+        """A consumer of the timers delivered to `queue` (its dead letters: `queue + ".dlq"`)
+        for the consumer group `group`, from the group's durable position on; at least
+        once, committed per batch of at most `max_batch` records with `auto_commit`
+        (`adapters.local.consumer`). One consumer per group and queue at a time."""
+        if not isinstance(self.destination, LocalDestination):
+            raise TypeError(
+                f"the destination is {self.destination.name!r}, not the local one: consume it "
+                "with its own client (Kafka: a consumer with isolation.level=read_committed)"
+            )
+        consumer = LocalConsumer(
+            self.destination, queue, group=group, auto_commit=auto_commit, max_batch=max_batch
+        )
+        self._consumers = [c for c in self._consumers if not c._closed.is_set()]
+        self._consumers.append(consumer)
+        return consumer
+
+    # Commands -----------------------------------------------------------------------------
+
+    def pin(self, items: Sequence[Appendable]) -> builtins.list[Appendable]:
+        """The items with every schedule pinned to the capability its queue's destination
+        offers now (a Pulsar handoff target's delayed handoff, or ordinary delivery)."""
+        return pin_capabilities(items, self.destination)
+
+    def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
+        items = self.pin(items)
+        if self.runtime._loop_thread is None:
+            # Not started: commit on the caller's thread so the API works without a loop.
+            future = self.runtime.submit(items)
+            while not future.done():
+                self.runtime.run_once()
+            return future.result(0)
+        return self.runtime.execute(items, COMMAND_TIMEOUT_S)
+
+    async def _run_async(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
+        if self.runtime._loop_thread is None:
+            raise RuntimeError(
+                "the _async calls wait for the runtime's thread: call start(), or run "
+                "run_async() in a task, first"
+            )
+        return await await_command(self.runtime.submit(self.pin(items)), COMMAND_TIMEOUT_S)
+
+    def _peek(self, tenant: str, queue: str, timer_key: str) -> Peek:
+        return peek_store(self.store, self.runtime, queue, timer_key, tenant=tenant)
+
+    def _list(self, tenant: str, queue: str, after: str | None, limit: int) -> Listing:
+        return list_store(self.store, tenant, queue, after, limit)
+
+
+def pin_capabilities(items: Sequence[Appendable], destination: Destination) -> list[Appendable]:
+    """Schedules pinned to the capability `destination` offers for their queue."""
+    out: list[Appendable] = []
+    for record, payload in items:
+        if isinstance(record, Schedule):
+            pinned = capability_for(destination, record.queue)
+            if pinned != record.capability:
+                out.append((msgspec.structs.replace(record, capability=pinned), payload))
+                continue
+        out.append((record, payload))
+    return out
+
+
+def peek_store(
+    store: ShardStore,
+    runtime: ShardRuntime,
+    queue: str,
+    timer_key: str,
+    *,
+    tenant: str = DEFAULT_TENANT,
+) -> Peek:
+    """A timer's row as the shard store holds it (and whether the runtime has it in hand)."""
+    mid = message_id(tenant, queue, timer_key)
+    with store.read() as view:
+        m = view.get(Table.MESSAGES, mid.encode())
+        payload = view.payload(m.payload_digest) if isinstance(m, Message) else None
+    if not isinstance(m, Message):
+        return Peek(found=False, queue=queue, timer_key=timer_key)
+    return peek_of(m, payload, runtime.is_claimed(m))
+
+
+def list_store(
+    store: ShardStore, tenant: str, queue: str, after: str | None, limit: int
+) -> Listing:
+    """A page of the queue's live timers as the shard store holds them."""
+    with store.read() as view:
+        rows, truncated = view.list_timers(tenant, queue, after, limit)
+    return listing_of([peek_of(m, None, None) for m in rows], truncated)

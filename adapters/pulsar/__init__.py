@@ -1,0 +1,1 @@
+"""The Pulsar destination: ordinary managed delivery and certified delayed handoff."""

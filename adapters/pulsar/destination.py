@@ -1,0 +1,404 @@
+"""The Pulsar destination: timers published to Apache Pulsar with pulsar-client.
+
+Theory of operation: each `Send` becomes one message on the topic its queue maps to
+(`PulsarTargetConfig.topic_for`), keyed by the timer's partition key, with Nereus's headers
+as message properties (message id, generation, attempt id, txn, producer). Two capabilities
+(decided in `specs/pulsar.md`):
+
+* **ordinary managed delivery** (`IMMEDIATE`): the send waits, like Kafka's, until the
+  trusted clock proves deliverAt has passed, and the message is visible when the broker has
+  it;
+* **certified delayed handoff** (`delivery = "handoff"`): the send may start `lead_ms`
+  before deliverAt, with `deliver_at` = deliverAt + the push-out (the certified clock-ahead
+  bound plus the broker's early-reveal allowance), so the broker holds it. The rules of when
+  a target may offer it, and when a timer pinned to it may still be sent, are in
+  `adapters.pulsar.handoff`; the broker's settings behind them are read through its admin
+  API at `open` and again every `settings_ttl_s`, in the background. Until a topic's
+  settings have been read (or after they stopped certifying the handoff) its queue gets
+  ordinary managed delivery. Pulsar delays only for Shared and Key_Shared subscriptions: a
+  consumer on an Exclusive or Failover subscription sees a handed-off message at once.
+
+`submit` never blocks: the sends go to the destination's sender thread, which makes the
+producers (one per topic, named `<prefix>.<store id>.<topic index>` so broker-side
+deduplication recognises the client's resends after a reconnect, across restarts too) and
+calls `send_async`; the answers are classified by `adapters.pulsar.outcomes` and collected
+by `poll`. Client warnings and errors (reconnects, send errors) count as disturbances that
+make a broker refusal UNKNOWN. PUBLISHED carries the broker's message id. Evidence is looked
+for in bulk by `adapters.pulsar.evidence`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pulsar
+
+from nereus.adapters.pulsar.admin import AdminError, BrokerSettings, PulsarAdmin
+from nereus.adapters.pulsar.config import PulsarTargetConfig, secret
+from nereus.adapters.pulsar.evidence import PulsarEvidenceReader, SearchLimits
+from nereus.adapters.pulsar.handoff import (
+    DelaySettings,
+    Refusal,
+    accepts,
+    capability_or_managed,
+    handoff_capability,
+    reveal_at_ms,
+)
+from nereus.adapters.pulsar.outcomes import (
+    H_REVEAL_AT,
+    classify_create_error,
+    classify_raised,
+    classify_send,
+)
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Unknown
+from nereus.runtime.destination import (
+    Lookup,
+    PublishResult,
+    Search,
+    Send,
+    SendResult,
+    find_one,
+)
+from nereus.runtime.log import Logger, NullLogger
+
+# Room for Pulsar's message metadata (properties, keys, ids) beyond what
+# `PreparedPublish.size_bytes()` counts.
+FRAMING_RESERVE_BYTES = 2_048
+
+
+class ConfigRefused(ValueError):
+    """The target cannot be used as configured (a secret missing from the environment)."""
+
+
+class _Disturbances(logging.Handler):
+    """Counts the client's warnings and errors; forwards them to the service log."""
+
+    def __init__(self, log: Logger) -> None:
+        super().__init__(level=logging.WARNING)
+        self.count = 0
+        self._log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        self._log.warning("pulsar_client", detail=record.getMessage()[:500])
+
+
+class PulsarDestination:
+    """A `runtime.destination.Destination` (with per-queue capabilities) on Apache Pulsar."""
+
+    capability: Capability = IMMEDIATE
+    fence_id: str | None = None  # Pulsar's producers are not fenced: absence is never proven
+
+    def __init__(
+        self,
+        config: PulsarTargetConfig,
+        *,
+        kernel_config: KernelConfig | None = None,
+        logger: Logger | None = None,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.log = logger or NullLogger()
+        self._kernel = kernel_config or KernelConfig()
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._lock = threading.Lock()
+        self._results: list[SendResult] = []
+        self._disturbed = _Disturbances(self.log)
+        client_log = logging.getLogger(f"nereus.pulsar.{config.name}")
+        client_log.propagate = False
+        client_log.setLevel(logging.WARNING)
+        client_log.addHandler(self._disturbed)
+        self.client: Any = pulsar.Client(
+            config.service_url,
+            authentication=self._authentication(),
+            operation_timeout_seconds=max(int(config.operation_timeout_s), 1),
+            connection_timeout_ms=config.connection_timeout_ms,
+            tls_trust_certs_file_path=config.tls_trust_certs_path,
+            tls_allow_insecure_connection=config.tls_allow_insecure,
+            logger=client_log,
+        )
+        self._admin = self._make_admin()
+        self._broker: BrokerSettings | None = None
+        self._settings: dict[str, DelaySettings] = {}
+        self._wanted_topics: set[str] = set(config.topic_for(q) for q in config.topics)
+        self._producers: dict[str, Any] = {}
+        self._prefix = f"{config.producer_name_prefix or 'nereus'}.unopened"
+        self._outgoing: queue.Queue[tuple[list[Send], int] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._sender = threading.Thread(
+            target=self._send_loop, name=f"{self.name}-send", daemon=True
+        )
+        self._settings_thread: threading.Thread | None = None
+        limits = SearchLimits(
+            config.find_slack_ms, config.find_max_records, config.find_max_seconds
+        )
+        self._reader = PulsarEvidenceReader(self.client, config.name, limits, self.log)
+
+    # Configuration ------------------------------------------------------------------------
+
+    def _authentication(self) -> Any:
+        auth = self.config.auth
+        if auth is None:
+            return None
+        at = f"pulsar target {self.config.name}: auth"
+
+        def fail(key: str, problem: str) -> Exception:
+            return ConfigRefused(f"{key}: {problem}")
+
+        if auth.kind == "token":
+            assert auth.token_env is not None
+            return pulsar.AuthenticationToken(secret(auth.token_env, f"{at}.token_env", fail))
+        if auth.kind == "basic":
+            assert auth.password_env is not None
+            password = secret(auth.password_env, f"{at}.password_env", fail)
+            return pulsar.AuthenticationBasic(auth.username, password)
+        return pulsar.AuthenticationTLS(auth.cert_path, auth.key_path)
+
+    def _make_admin(self) -> PulsarAdmin | None:
+        c = self.config
+        if c.admin_url is None:
+            return None
+        token = None
+        if c.auth is not None and c.auth.kind == "token" and c.auth.token_env is not None:
+            token = secret(c.auth.token_env, "auth.token_env", lambda k, p: ConfigRefused(p))
+        return PulsarAdmin(c.admin_url, timeout_s=c.operation_timeout_s, token=token)
+
+    def open(self, store_id: str) -> None:
+        """Name the producers after the store, read the broker's settings, start sending."""
+        self._prefix = f"{self.config.producer_name_prefix or 'nereus'}.{store_id}"
+        self.refresh_settings()
+        self._sender.start()
+        if self._admin is not None:
+            self._settings_thread = threading.Thread(
+                target=self._refresh_loop, name=f"{self.name}-settings", daemon=True
+            )
+            self._settings_thread.start()
+
+    def refresh_settings(self) -> None:
+        """Read the broker's settings and those of every topic seen so far (blocking)."""
+        if self._admin is None:
+            return
+        try:
+            broker = self._admin.broker()
+        except AdminError as exc:
+            self.log.warning("pulsar_settings_unread", target=self.name, error=str(exc))
+            return
+        self._broker = broker
+        with self._lock:
+            topics = sorted(self._wanted_topics)
+        for topic in topics:
+            try:
+                settings = self._admin.delay_settings(topic, broker)
+                dedup = self._admin.deduplication(topic, broker)
+            except AdminError as exc:
+                # What was read before still stands: settings are an operator's, and rare to
+                # change; a topic never read offers no handoff.
+                self.log.warning("pulsar_settings_unread", topic=topic, error=str(exc))
+                continue
+            with self._lock:
+                changed = self._settings.get(topic) != settings
+                self._settings[topic] = settings
+            if changed:
+                self._log_capability(topic, settings, dedup)
+
+    def _log_capability(self, topic: str, settings: DelaySettings, dedup: bool) -> None:
+        offered = self._handoff(settings)
+        fields: dict[str, Any] = {"target": self.name, "topic": topic, "settings": settings.source}
+        if not dedup:
+            self.log.warning(
+                "pulsar_deduplication_off",
+                detail="a record the client resends after a reconnect may be written twice "
+                "under one PUBLISHED outcome (both copies carry the attempt id)",
+                **fields,
+            )
+        if self.config.delivery != "handoff":
+            return
+        if isinstance(offered, Refusal):
+            self.log.warning("pulsar_handoff_refused", reason=offered.reason, **fields)
+        else:
+            self.log.info(
+                "pulsar_handoff",
+                lead_ms=offered.lead_ms,
+                push_ms=offered.clock_ahead_bound_ms,
+                strict=settings.strict,
+                tick_ms=settings.tick_ms,
+                **fields,
+            )
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.config.settings_ttl_s):
+            self.refresh_settings()
+
+    def _handoff(self, settings: DelaySettings | None) -> Capability | Refusal:
+        c = self.config
+        if c.delivery != "handoff":
+            return Refusal("the target is configured for ordinary managed delivery")
+        return handoff_capability(
+            c.handoff_lead_ms,
+            c.clock_ahead_bound_ms,
+            settings,
+            slack_ms=c.max_delay_slack_ms,
+            max_push_ms=self._kernel.max_clock_ahead_bound_ms,
+            max_lead_ms=self._kernel.max_handoff_lead_ms,
+        )
+
+    def _topic_settings(self, topic: str) -> DelaySettings | None:
+        with self._lock:
+            settings = self._settings.get(topic)
+            if settings is None:
+                self._wanted_topics.add(topic)  # read by the next refresh
+        return settings
+
+    def capability_for(self, queue: str) -> Capability:
+        if self.config.delivery != "handoff":
+            return IMMEDIATE
+        return capability_or_managed(self._handoff(self._topic_settings(self.topic_for(queue))))
+
+    def accepts(self, queue: str, capability: Capability) -> bool:
+        settings = self._topic_settings(self.topic_for(queue))
+        return accepts(
+            capability,
+            self.config.clock_ahead_bound_ms,
+            settings,
+            slack_ms=self.config.max_delay_slack_ms,
+        )
+
+    def topic_for(self, queue: str) -> str:
+        return self.config.topic_for(queue)
+
+    def max_record_bytes(self, topic: str) -> int:
+        broker = self._broker
+        limit = broker.max_message_bytes if broker is not None else None
+        return (limit or self.config.default_max_message_bytes) - FRAMING_RESERVE_BYTES
+
+    # Sending ------------------------------------------------------------------------------
+
+    def submit(self, sends: Sequence[Send], now_ms: int) -> None:
+        if sends:
+            self._outgoing.put((list(sends), now_ms))
+
+    def poll(self, timeout_s: float) -> list[SendResult]:
+        with self._lock:
+            results, self._results = self._results, []
+        return results
+
+    def _deliver(self, result: SendResult) -> None:
+        with self._lock:
+            self._results.append(result)
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._outgoing.get()
+            if item is None:
+                return
+            sends, _now_ms = item
+            failed: dict[str, NotPublished] = {}
+            for send in sends:
+                self._send_one(send, failed)
+
+    def _producer(self, topic: str) -> Any:
+        producer = self._producers.get(topic)
+        if producer is None:
+            c = self.config
+            producer = self.client.create_producer(
+                topic,
+                producer_name=f"{self._prefix}.{len(self._producers)}",
+                send_timeout_millis=c.send_timeout_ms,
+                batching_enabled=c.batching,
+                batching_max_publish_delay_ms=c.batching_max_publish_delay_ms,
+                max_pending_messages=c.max_pending_messages,
+                block_if_queue_full=False,
+            )
+            self._producers[topic] = producer
+        return producer
+
+    def _send_one(self, send: Send, failed: dict[str, NotPublished]) -> None:
+        p = send.prepared
+        if p.size_bytes() > self.max_record_bytes(p.topic):
+            refused = NotPublished("permanent", "record_too_large", f"{p.size_bytes()} bytes")
+            self._deliver(SendResult.of(send, refused))
+            return
+        if p.topic in failed:  # its producer could not be made in this round
+            self._deliver(SendResult.of(send, failed[p.topic]))
+            return
+        try:
+            producer = self._producer(p.topic)
+        except pulsar.PulsarException as exc:
+            failed[p.topic] = classify_create_error(exc)
+            self.log.warning("pulsar_producer_failed", topic=p.topic, error=str(exc))
+            self._deliver(SendResult.of(send, failed[p.topic]))
+            return
+        seen = self._disturbed.count
+        properties = {k: v.decode(errors="replace") for k, v in send.headers()}
+        reveal_ms = reveal_at_ms(p.deliver_at_ms, p.capability)
+        if reveal_ms is not None:
+            properties[H_REVEAL_AT] = str(reveal_ms)
+        try:
+            producer.send_async(
+                p.value,
+                self._callback(send, seen, reveal_ms or 0),
+                properties=properties,
+                partition_key=p.key.decode(errors="replace") if p.key is not None else None,
+                deliver_at=reveal_ms,
+            )
+        except pulsar.PulsarException as exc:
+            self._deliver(SendResult.of(send, classify_raised(exc)))
+
+    def _callback(self, send: Send, seen: int, reveal_ms: int) -> Callable[[Any, Any], None]:
+        def on_sent(result: Any, msg_id: Any) -> None:
+            outcome: PublishResult = classify_send(
+                result,
+                msg_id,
+                send.prepared.topic,
+                max(self._clock_ms(), reveal_ms),
+                disturbed=self._disturbed.count != seen,
+            )
+            if isinstance(outcome, Unknown):
+                self.log.warning(
+                    "pulsar_send_unknown", attempt_id=send.attempt_id, reason=outcome.reason
+                )
+            self._deliver(SendResult.of(send, outcome))
+
+        return on_sent
+
+    # Evidence -----------------------------------------------------------------------------
+
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
+        return self._reader.search(lookups, wake)
+
+    def find(self, attempt_id: str, topic: str, since_ms: int) -> Evidence | None:
+        """One lookup, waiting for its search: for tools and tests, not the runtime."""
+        return find_one(self, attempt_id, topic, since_ms, self.config.find_max_seconds + 10)
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop sending: the sends handed over are passed to the client, which gets at most
+        `close_timeout_s` to flush them (answers after `close` are not collected: the next
+        start settles those attempts by evidence)."""
+        self._stop.set()
+        self._outgoing.put(None)
+        if self._sender.is_alive():
+            self._sender.join(self.config.close_timeout_s)
+        deadline = time.monotonic() + self.config.close_timeout_s
+        flusher = threading.Thread(target=self._flush_all, daemon=True)
+        flusher.start()
+        flusher.join(max(deadline - time.monotonic(), 0.1))
+        self._reader.close()
+        try:
+            self.client.close()
+        except pulsar.PulsarException as exc:
+            self.log.warning("pulsar_close_failed", error=str(exc))
+
+    def _flush_all(self) -> None:
+        for producer in list(self._producers.values()):
+            with contextlib.suppress(pulsar.PulsarException):
+                producer.flush()

@@ -1,0 +1,471 @@
+"""The catalogue of safety mutants `python -m bench.mutation` applies (data, not code).
+
+Each mutant is a deliberate bug in one of the rules Nereus promises never to break: one or
+more edits, each an exact snippet of a source file and what replaces it, the promise it
+breaks (RELIABILITY.md's P-numbers), and the tests expected to catch it. A snippet must occur
+exactly once in its file, or the run stops before anything is mutated
+(`tests/test_mutation.py` checks that in every suite run): a refactor that moves or rewrites
+the code a mutant targets must retarget the mutant, never silently disable it.
+
+Grouped by where the code lives. The runtime group targets `runtime/shard.py` as it is
+before its split into modules (issue 18): after that merge its snippets move to the new
+modules and the catalogue test names each one to retarget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Edit:
+    file: str  # relative to the repository root
+    snippet: str  # must occur exactly once in the file
+    replacement: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    what: str  # the bug, in a few words
+    promise: str  # the never-rule it breaks
+    edits: tuple[Edit, ...]
+    tests: tuple[str, ...]  # pytest arguments: the tests relevant to this mutant
+    # A narrower set for the quick run (CI), stopping at the first failure; empty: the
+    # mutant is not in the quick run.
+    quick_tests: tuple[str, ...] = ()
+
+
+def one(file: str, snippet: str, replacement: str) -> tuple[Edit, ...]:
+    return (Edit(file, snippet, replacement),)
+
+
+# Cheap files first: a full run stops a mutant once two files have caught it.
+KERNEL_TESTS = (
+    "tests/test_timing_props.py",
+    "tests/test_codes.py",
+    "tests/test_runtime_discovery.py",
+    "tests/test_lifecycle_table.py",
+    "tests/test_publish_safety.py",
+    "tests/test_state_machine.py",
+    "tests/test_simulator.py",
+)
+RUNTIME_TESTS = (
+    "tests/test_runtime_discovery.py",
+    "tests/test_runtime_recovery.py",
+    "tests/test_embedded_api.py",
+    "tests/test_dead_letters.py",
+    "tests/test_simulator.py",
+)
+STORAGE_TESTS = (
+    "tests/test_storage_steps.py",
+    "tests/test_storage_durability.py",
+    "tests/test_storage_crash.py",
+    "tests/test_storage_store.py",
+)
+
+TIMING = "kernel/timing.py"
+MUTATIONS = "kernel/mutations.py"
+RULES = "kernel/rules.py"
+STORE = "storage/store.py"
+
+TIME_RULES = (
+    Mutant(
+        "T1",
+        "decide() expires when the latest end reaches expireAt",
+        "P2 never expired early",
+        one(
+            TIMING,
+            "    if interval.earliest_ms >= expire_at_ms:",
+            "    if interval.latest_ms >= expire_at_ms:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "T2",
+        "decide() pauses only once latest is past expireAt (admits at latest == expireAt)",
+        "no Admission unless latest < expireAt",
+        one(
+            TIMING,
+            "    if interval.latest_ms >= expire_at_ms:",
+            "    if interval.latest_ms > expire_at_ms:",
+        ),
+        KERNEL_TESTS,
+        quick_tests=("tests/test_timing_props.py",),
+    ),
+    Mutant(
+        "T3",
+        "decide() admits when the latest end reaches actionAt",
+        "P1 never early",
+        one(
+            TIMING,
+            "    if interval.earliest_ms >= action_at_ms:",
+            "    if interval.latest_ms >= action_at_ms:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "T4",
+        "decide() admits 1 ms before the earliest end reaches actionAt",
+        "P1 never early",
+        one(
+            TIMING,
+            "    if interval.earliest_ms >= action_at_ms:",
+            "    if interval.earliest_ms + 1 >= action_at_ms:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "T5",
+        "the delivery window is measured from deliverAt alone, not max(deliverAt, bp)",
+        "V1 timing: expireAt >= max(deliverAt, bp) + minDeliveryWindow",
+        one(
+            TIMING,
+            "if expire_at_ms < max(deliver_at_ms, bp_ms) + limits.min_delivery_window_ms:",
+            "if expire_at_ms < deliver_at_ms + limits.min_delivery_window_ms:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "T6",
+        "the delay horizon is exceeded by up to one delivery window",
+        "V1 timing: deliverAt <= bp + maxDelayHorizon",
+        one(
+            TIMING,
+            "if deliver_at_ms > bp_ms + limits.max_delay_horizon_ms:",
+            "if deliver_at_ms > bp_ms + limits.max_delay_horizon_ms"
+            " + limits.min_delivery_window_ms:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "T7",
+        "the message lifetime is exceeded by 1 ms",
+        "V1 timing: expireAt <= bp + maxMessageLifetime",
+        one(
+            TIMING,
+            "if expire_at_ms > bp_ms + limits.max_message_lifetime_ms:",
+            "if expire_at_ms > bp_ms + limits.max_message_lifetime_ms + 1:",
+        ),
+        KERNEL_TESTS,
+    ),
+)
+
+ADMISSION_CHECKS = (
+    Mutant(
+        "A1",
+        "an Admission persisted exactly at expireAt qualifies",
+        "no Admission unless persisted before expireAt",
+        one(
+            MUTATIONS,
+            "        elif step.bp_ms >= message.expire_at_ms:",
+            "        elif step.bp_ms > message.expire_at_ms:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "A2",
+        "an Admission persisted 1 ms before the action time qualifies",
+        "P1 never early",
+        one(
+            MUTATIONS,
+            "        elif step.bp_ms < message.action_at_ms:",
+            "        elif step.bp_ms < message.action_at_ms - 1:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "A3",
+        "an Admission's clock evidence is accepted unless it says EXPIRE (WAIT, PAUSE pass)",
+        "P1 never early",
+        one(
+            MUTATIONS,
+            "decide(r.interval, message.action_at_ms, message.expire_at_ms) is not _ADMIT",
+            "decide(r.interval, message.action_at_ms, message.expire_at_ms) is Decision.EXPIRE",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "A4",
+        "a CLOSED lane gate does not stop Admission",
+        "no Admission through a closed gate",
+        one(
+            MUTATIONS,
+            "        elif _lane_closed(step, message):\n"
+            "            code = Code.ADMISSION_LANE_CLOSED",
+            "        elif False:\n            code = Code.ADMISSION_LANE_CLOSED",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "A5",
+        "an Admission built on an older version of the generation still qualifies",
+        "Admission only on the state it was prepared against",
+        one(
+            MUTATIONS,
+            "    elif not _matches(message, r.generation, r.version):\n"
+            "        code = Code.ADMISSION_STALE",
+            "    elif message is None or message.generation != r.generation:\n"
+            "        code = Code.ADMISSION_STALE",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "A6",
+        "an Admission repeating an existing attempt id is not refused",
+        "P5 one attempt, one obligation",
+        one(MUTATIONS, "    if step.attempt(r.attempt_id) is not None:", "    if False:"),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "E1",
+        "an expiry is accepted once the latest end reaches expireAt",
+        "P2 never expired early",
+        one(
+            MUTATIONS,
+            "        elif r.interval.earliest_ms < message.expire_at_ms:",
+            "        elif r.interval.latest_ms < message.expire_at_ms:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "E2",
+        "an expiry persisted 1 ms before expireAt is accepted",
+        "P2 never expired early",
+        one(
+            MUTATIONS,
+            "        elif step.bp_ms < message.expire_at_ms:",
+            "        elif step.bp_ms < message.expire_at_ms - 1:",
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "O1",
+        "a proof of absence under another producer's fence is accepted",
+        "P12 absence only with proof",
+        one(
+            MUTATIONS,
+            "and (attempt.fence_id is None or result.proof.fence_id != attempt.fence_id)",
+            "and attempt.fence_id is None",
+        ),
+        KERNEL_TESTS,
+    ),
+)
+
+LIFECYCLE_ROWS = (
+    Mutant(
+        "L1",
+        "a cancel after Admission (PUBLISHING, UNCERTAIN, DELIVERED) cancels",
+        "P4 too_late after Admission; nothing hidden",
+        one(
+            RULES,
+            '*(Rule("cancel", st, ANY, Code.TOO_LATE, SAME) for st in (P, U, D)),',
+            '*(Rule("cancel", st, ANY, Code.CANCELED, C) for st in (P, U, D)),',
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "L2",
+        "a changed schedule of a PUBLISHING timer supersedes it",
+        "P4 too_late after Admission",
+        one(
+            RULES,
+            'Rule("schedule", P, "changed", Code.TOO_LATE, SAME),',
+            'Rule("schedule", P, "changed", Code.RESCHEDULED, S, True),',
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "L3",
+        "an unarmed UNCERTAIN message is admitted again (retries unbounded)",
+        "P5 at most max_uncertain_retries duplicates",
+        one(
+            RULES,
+            'Rule("admission", U, "unarmed", Code.ADMISSION_STALE, SAME),',
+            'Rule("admission", U, "unarmed", Code.ADMITTED, P),',
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "L4",
+        "expiry of an armed UNCERTAIN message marks it EXPIRED",
+        "P4 an UNCERTAIN generation keeps its open obligation",
+        one(
+            RULES,
+            'Rule("expire", U, "armed", Code.RETRY_WINDOW_CLOSED, SAME),',
+            'Rule("expire", U, "armed", Code.EXPIRED, E),',
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "L5",
+        "an UNKNOWN outcome leaves the message SCHEDULED, as if nothing was sent",
+        "P5 duplicates only behind a recorded UNKNOWN (UNCERTAIN)",
+        one(
+            RULES,
+            'Rule("outcome_unknown", P, ANY, Code.OUTCOME_RECORDED, U),',
+            'Rule("outcome_unknown", P, ANY, Code.OUTCOME_RECORDED, S),',
+        ),
+        KERNEL_TESTS,
+    ),
+    Mutant(
+        "L6",
+        "NOT_PUBLISHED is recorded for an UNKNOWN attempt",
+        "P6 UNKNOWN resolved only by positive evidence",
+        one(
+            RULES,
+            'AttemptRule("UNKNOWN", "NOT_PUBLISHED", Code.OUTCOME_ABSENCE_NOT_EVIDENCE, SAME),',
+            'AttemptRule("UNKNOWN", "NOT_PUBLISHED", Code.OUTCOME_RECORDED, "NOT_PUBLISHED"),',
+        ),
+        KERNEL_TESTS,
+        quick_tests=("tests/test_lifecycle_table.py",),
+    ),
+)
+
+# runtime/shard.py before issue 18's split: retarget these after that merge.
+SHARD = "runtime/shard.py"
+RECOVERY = "runtime/recovery.py"
+RUNTIME = (
+    Mutant(
+        "G1",
+        "the send gate checks the interval's latest end instead of its earliest",
+        "P1 sent only while the clock proves the action time",
+        one(
+            "runtime/claims.py",
+            "return interval.earliest_ms >= action_at_ms",
+            "return interval.latest_ms >= action_at_ms",
+        ),
+        RUNTIME_TESTS,
+        quick_tests=("tests/test_runtime_discovery.py",),
+    ),
+    Mutant(
+        "G2",
+        "the send gate trusts the tick's reading, taken before the Admission's commit",
+        "P1 sent only while the clock proves the action time",
+        one(
+            SHARD,
+            "after = read_clock(self.clock)  # the send's own reading, after the commit\n"
+            "        self._send(tick, after)",
+            "after = now\n        self._send(tick, after)",
+        ),
+        RUNTIME_TESTS,
+    ),
+    Mutant(
+        "R1",
+        "recovery takes an unfenced attempt nobody found for NOT_PUBLISHED",
+        "P12 absence only with proof",
+        one(
+            RECOVERY,
+            'return Unknown("send_gate_lost", "the owner restarted before this attempt'
+            "'s outcome\")",
+            'return NotPublished("retriable", "send_gate_lost")',
+        ),
+        RUNTIME_TESTS,
+    ),
+    Mutant(
+        "R2",
+        "recovery forgets the attempts that were PUBLISHING at the crash",
+        "P4 nothing lost; P11 recovery settles every attempt",
+        one(
+            RECOVERY,
+            "wants = self._open_attempts(view, AttemptStatus.PUBLISHING)",
+            "wants = []",
+        ),
+        RUNTIME_TESTS,
+    ),
+    Mutant(
+        "R3",
+        "an incomplete search after the fence is taken as a proof of absence",
+        "P12 absence only with proof",
+        one(
+            "runtime/destination.py",
+            "or fence.fence_id != fence_id or not self.complete:",
+            "or fence.fence_id != fence_id:",
+        ),
+        RUNTIME_TESTS,
+    ),
+)
+
+STORAGE = (
+    Mutant(
+        "S1",
+        "the shard store is opened without fsync",
+        "P3 durable before acted on; acknowledged means durable",
+        one(STORE, "            sync=options.sync,", "            sync=False,"),
+        STORAGE_TESTS,
+        quick_tests=("tests/test_storage_durability.py",),
+    ),
+    Mutant(
+        "S2",
+        "the store's meta page is written without a synchronous write",
+        "P3 durable before acted on",
+        one("storage/env.py", "            metasync=sync,", "            metasync=False,"),
+        STORAGE_TESTS,
+    ),
+    Mutant(
+        "S3",
+        "the local destination writes without fsync",
+        "P6 PUBLISHED only with evidence of a record that is there",
+        one(
+            "adapters/local/destination.py",
+            "max_dbs=8, sync=sync)",
+            "max_dbs=8, sync=False)",
+        ),
+        STORAGE_TESTS,
+    ),
+    Mutant(
+        "B1",
+        "the group commit appends and folds in two transactions",
+        "P7 a write is all or nothing; replay agrees",
+        one(
+            STORE,
+            "            entries = self._append_in(txn, items, now_ms)\n"
+            '            self._at("append")\n'
+            "            results, meta, _ = self._apply_in(txn, tail + entries)",
+            "            entries = self._append_in(txn, items, now_ms)\n"
+            '            self._at("append")\n'
+            "        with env.env.begin(write=True) as txn:\n"
+            "            results, meta, _ = self._apply_in(txn, tail + entries)",
+        ),
+        STORAGE_TESTS,
+    ),
+    Mutant(
+        "B2",
+        "the applied position (ShardMeta) is written in a transaction of its own",
+        "P7 a write is all or nothing; replay agrees",
+        (
+            Edit(
+                STORE,
+                "        txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)\n"
+                '        self._at("meta")',
+                '        self._at("meta")',
+            ),
+            Edit(
+                STORE,
+                '        self._at("sync")\n'
+                "        self._appended(entries)\n        self.meta = meta\n",
+                "        with env.env.begin(write=True) as txn:\n"
+                "            txn.put(SHARD_META_KEY, encode_value(meta), db=env.meta)\n"
+                '        self._at("sync")\n'
+                "        self._appended(entries)\n        self.meta = meta\n",
+            ),
+            Edit(
+                STORE,
+                '        self._at("sync")\n        self._appended(logged)\n',
+                "        with env.env.begin(write=True) as txn:\n"
+                "            txn.put(SHARD_META_KEY, encode_value(meta), db=env.meta)\n"
+                '        self._at("sync")\n        self._appended(logged)\n',
+            ),
+        ),
+        STORAGE_TESTS,
+        quick_tests=("tests/test_storage_steps.py",),
+    ),
+)
+
+CATALOGUE: tuple[Mutant, ...] = (
+    *TIME_RULES,
+    *ADMISSION_CHECKS,
+    *LIFECYCLE_ROWS,
+    *RUNTIME,
+    *STORAGE,
+)

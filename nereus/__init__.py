@@ -1,0 +1,70 @@
+"""Nereus: a durable delayed-message scheduler. Never early, never lost, every attempt
+accounted for.
+
+    from datetime import timedelta
+    from nereus import Nereus
+
+    with Nereus.open("data", assume_clock_error_ms=5) as nereus:
+        nereus.start()
+        nereus.schedule("reminders", "trial:acme:day7", b"{}", delay_ms=timedelta(days=7))
+        with nereus.consumer("reminders", group="mailer") as consumer:
+            for record in consumer:              # blocks; at least once
+                print(record.payload)
+
+The repository keeps one folder per layer (`kernel/`, `storage/`, `runtime/`, `replay/`,
+`adapters/`, `sim/`); they install as subpackages of this one, and nothing else lands at
+the top level of site-packages. The names below are imported on first use rather than here,
+so that `nereus.runtime.compiled.prefer_source()` can still choose the kernel's build after
+`import nereus`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+if TYPE_CHECKING:
+    from nereus.adapters.kafka.library import KafkaNereus
+    from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
+    from nereus.adapters.local.destination import LocalRecord
+    from nereus.adapters.local.embedded import Listing, Nereus, Peek, Result
+
+__all__ = [
+    "ConsumerBusy",
+    "KafkaNereus",
+    "Listing",
+    "LocalConsumer",
+    "LocalRecord",
+    "Nereus",
+    "Peek",
+    "Result",
+    "__version__",
+]
+
+_LAZY = {
+    "Nereus": "nereus.adapters.local.embedded",
+    "Peek": "nereus.adapters.local.embedded",
+    "Result": "nereus.adapters.local.embedded",
+    "Listing": "nereus.adapters.local.embedded",
+    "LocalConsumer": "nereus.adapters.local.consumer",
+    "ConsumerBusy": "nereus.adapters.local.consumer",
+    "LocalRecord": "nereus.adapters.local.destination",
+    "KafkaNereus": "nereus.adapters.kafka.library",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nereus' has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name != "confluent_kafka":
+            raise
+        raise ImportError(f"{name} needs confluent-kafka: pip install 'nereus[kafka]'") from exc
+    globals()[name] = value
+    return value

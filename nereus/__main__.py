@@ -1,0 +1,7 @@
+"""`python -m nereus`: the `nereus` command."""
+
+import sys
+
+from nereus.adapters.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,83 @@
+"""Power loss for a child process's LMDB files: build the shim, run under it, cut the power.
+
+Theory of operation: a process death (SIGKILL) loses nothing the OS already holds, so it
+cannot tell a store that syncs from one that does not. `tests/powerloss_shim.c`, preloaded
+into a child, keeps beside each tracked file (by default every `data.mdb` the child opens
+for writing) a shadow holding only what was made durable: written bytes reach the shadow at
+fsync/fdatasync, through an O_DSYNC descriptor or at msync, never otherwise. After the child
+is killed, `cut_power` puts each shadow in place of its file and removes LMDB's lock file,
+as a machine that lost power and booted again would find them.
+
+The shim is compiled by the first test that needs it, with the machine's C compiler, into
+a directory of the session; where there is no compiler the test is skipped with that reason,
+except under CI (`CI` set), where the compiler is part of the machine and its absence fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parent / "powerloss_shim.c"
+SHADOWS_ENV = "NEREUS_POWERLOSS_SHADOWS"
+NAMES_ENV = "NEREUS_POWERLOSS_NAMES"
+_built: dict[str, Path] = {}
+
+
+def shim() -> Path:
+    """The compiled shim (built once per session)."""
+    if "path" in _built:
+        return _built["path"]
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        reason = "no C compiler (cc/gcc) to build the power-loss shim tests/powerloss_shim.c"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " on CI, whose machine has one")
+        pytest.skip(reason)
+    out = Path(tempfile.mkdtemp(prefix="nereus-powerloss-")) / "powerloss_shim.so"
+    done = subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(SOURCE), "-ldl", "-lpthread"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"building the power-loss shim failed:\n{done.stderr}"
+    _built["path"] = out
+    return out
+
+
+def child_env(shadows: Path, names: tuple[str, ...] = ("data.mdb",)) -> dict[str, str]:
+    """The environment of a child whose tracked files lose what they did not sync."""
+    shadows.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    preload = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{shim()}:{preload}" if preload else str(shim())
+    env[SHADOWS_ENV] = str(shadows)
+    env[NAMES_ENV] = ":".join(names)
+    return env
+
+
+def shadow_of(shadows: Path, real: Path) -> Path:
+    return shadows / str(real.resolve()).replace("/", "%")
+
+
+def cut_power(shadows: Path, *files: Path) -> None:
+    """Replace each file by what a power loss would have left of it (its shadow), and drop
+    the LMDB lock file beside it. The writer must be dead."""
+    for real in files:
+        shadow = shadow_of(shadows, real)
+        if shadow.exists():
+            shutil.copyfile(shadow, real)
+        else:
+            # Never opened for writing under the shim: nothing of it was made durable here,
+            # and it was there before, so it stays.
+            assert real.exists(), f"{real} was never written and does not exist"
+        lock = real.parent / "lock.mdb"
+        if lock.exists():
+            lock.unlink()

@@ -1,0 +1,210 @@
+"""Durability: what a commit promises survives the power going out, not just a kill.
+
+The store and the local destination must open LMDB so that every commit is synced (data
+pages with fsync, the meta page through a synchronous write). A process crash cannot show
+whether they do, since the OS keeps what was written; so these tests cut the power with
+`tests/powerloss.py`: the child runs under a shim that keeps only what was made durable,
+is killed at a seeded moment, and the test puts the durable image in place and reopens.
+Every write the child was told had returned must be there, whole; and the same run with
+fsync switched off must visibly lose writes, or the harness would prove nothing.
+
+`NEREUS_POWERLOSS_SEED` replays another kill schedule (a fixed default; `random` draws one).
+"""
+
+from __future__ import annotations
+
+import random
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nereus.adapters.local.destination import LocalDestination
+from nereus.kernel.model import Attempt, AttemptStatus, Message, Table
+from nereus.storage.errors import StoreError
+from nereus.storage.schema import StoreOptions
+from nereus.storage.store import ShardStore
+from tests.crash_worker import CONFIG, check_reopened, entry_digest
+from tests.powerloss import child_env, cut_power
+from tests.seeds import seed_from_env
+from tests.worker_process import wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = seed_from_env("NEREUS_POWERLOSS_SEED", 31337)
+KILLS = 3
+READ_TIMEOUT_S = 60.0
+
+
+def test_the_store_syncs_every_commit(tmp_path: Path) -> None:
+    with ShardStore.open(str(tmp_path / "shard")) as store:
+        flags = store.env.env.flags()
+    assert flags["sync"] is True, "commits of the shard store are not fsynced"
+    assert flags["metasync"] is True, "the shard store's meta page is not written synchronously"
+    assert StoreOptions().sync is True
+
+
+def test_the_local_destination_syncs_every_write(tmp_path: Path) -> None:
+    destination = LocalDestination(str(tmp_path / "destination"))
+    try:
+        flags = destination._env.flags()
+    finally:
+        destination.close()
+    assert flags["sync"] is True and flags["metasync"] is True
+
+
+SHIM_SELF_TEST = """
+import os, sys, time
+path = sys.argv[1]
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"A" * 10)
+os.fsync(fd)                         # durable: ten A
+os.pwrite(fd, b"B" * 5, 0)           # never synced: lost
+dsync = os.open(path, os.O_WRONLY | os.O_DSYNC)
+os.pwrite(dsync, b"C", 9)            # a synchronous write: durable at once
+os.lseek(fd, 10, os.SEEK_SET)
+os.write(fd, b"D" * 4)               # grows the file, never synced: lost
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_power_loss_model_keeps_exactly_what_was_synced(tmp_path: Path) -> None:
+    shadows = tmp_path / "shadows"
+    target = tmp_path / "plain.bin"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SHIM_SELF_TEST, str(target)],
+        env=child_env(shadows, names=("plain.bin",)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_ready(proc, "shim self-test", 30)
+        assert target.read_bytes() == b"BBBBBAAAACDDDD"  # what the running process sees
+    finally:
+        proc.kill()
+        proc.wait()
+    cut_power(shadows, target)
+    assert target.read_bytes() == b"AAAAAAAAAC"
+
+
+def _read_acks(proc: subprocess.Popen[bytes], count: int, where: str) -> list[str]:
+    """The child's next `count` ack lines (it keeps writing meanwhile)."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while len(lines) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{where}: only {len(lines)} of {count} acks in time"
+            if not selector.select(left):
+                continue
+            line = proc.stdout.readline().decode().strip()
+            assert line, f"{where}: the worker stopped: {proc.communicate()[1].decode()[-2000:]}"
+            if line.startswith("ack"):
+                lines.append(line)
+    return lines
+
+
+def _acks_then_power_loss(
+    command: list[str], shadows: Path, acks: int, where: str, *files: Path
+) -> list[str]:
+    """Run `command` under the power-loss shim, SIGKILL it after its `acks`-th ack line,
+    and cut the power on `files`; returns the ack lines it printed."""
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=child_env(shadows), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_ready(proc, where, 30)
+        told = _read_acks(proc, acks, where)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    cut_power(shadows, *files)
+    return told
+
+
+def _run_store_worker(path: Path, shadows: Path, seed: int, acks: int, *extra: str) -> list[str]:
+    command = [sys.executable, "-m", "tests.crash_worker", str(path), str(seed), "--acks"]
+    where = f"store worker seed {seed}"
+    return _acks_then_power_loss([*command, *extra], shadows, acks, where, path / "data.mdb")
+
+
+def _lost(path: Path, told: list[str]) -> list[str]:
+    """What of the acknowledged writes the store no longer holds after the power loss."""
+    try:
+        store = ShardStore.open(str(path), config=CONFIG)
+    except StoreError as exc:
+        return [f"the store no longer opens: {exc}"]
+    with store:
+        digests = {e.position: entry_digest(e) for e in store.iter_log()}
+        lost: list[str] = []
+        for line in told:
+            _, applied, log_end, *appended = line.split()
+            if store.meta.position < int(applied) or store.log_last_position < int(log_end):
+                lost.append(
+                    f"{line!r}: the store is at {store.meta.position}/{store.log_last_position}"
+                )
+            for item in appended:
+                position, digest = item.split(":")
+                if digests.get(int(position)) != digest:
+                    lost.append(f"entry {position} acknowledged, not in the log as written")
+        return lost
+
+
+def test_every_acknowledged_write_survives_power_loss(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    path, shadows = tmp_path / "shard", tmp_path / "shadows"
+    total = 0
+    for kill in range(KILLS):
+        where = f"power loss {kill} (NEREUS_POWERLOSS_SEED={SEED})"
+        told = _run_store_worker(path, shadows, SEED * 10 + kill, rng.randint(20, 120))
+        total += len(told)
+        assert _lost(path, told) == [], where
+        check_reopened(str(path), where)
+    print(f"power loss seed={SEED}: {KILLS} cuts, {total} acknowledged writes, none lost")
+
+
+def test_a_store_without_fsync_is_caught_losing_writes(tmp_path: Path) -> None:
+    """The harness is not vacuous: the same workload on a store opened without sync."""
+    path, shadows = tmp_path / "shard", tmp_path / "shadows"
+    told = _run_store_worker(path, shadows, SEED, 40, "--no-sync")
+    assert _lost(path, told), "a store that never syncs lost nothing at a power loss"
+
+
+def test_the_embedded_library_loses_nothing_it_acknowledged(tmp_path: Path) -> None:
+    """The whole stack (`Nereus`, its runtime thread, the shard store and the local
+    destination): every schedule that returned is still there after a power loss, and every
+    attempt recorded PUBLISHED names a destination record that is still there too."""
+    where = f"embedded power loss (NEREUS_POWERLOSS_SEED={SEED})"
+    lines = _acks_then_power_loss(
+        [sys.executable, "-m", "tests.durability_worker", str(tmp_path), str(SEED)],
+        tmp_path / "shadows",
+        80,
+        where,
+        tmp_path / "shard" / "data.mdb",
+        tmp_path / "destination" / "data.mdb",
+    )
+    told = [line.split()[1] for line in lines]
+    destination = LocalDestination(str(tmp_path / "destination"))
+    try:
+        with ShardStore.open(str(tmp_path / "shard")) as store, store.read() as view:
+            keys = {m.timer_key for _, m in view.items(Table.MESSAGES) if isinstance(m, Message)}
+            missing = [key for key in told if key not in keys]
+            assert missing == [], f"{where}: acknowledged schedules lost: {missing[:5]}"
+            published = [
+                a
+                for _, a in view.items(Table.ATTEMPTS)
+                if isinstance(a, Attempt) and a.status is AttemptStatus.PUBLISHED
+            ]
+        held = {r.attempt_id for r in destination.iter_all("q")}
+    finally:
+        destination.close()
+    assert published, f"{where}: nothing was delivered before the kill"
+    gone = [a.attempt_id for a in published if a.attempt_id not in held]
+    assert gone == [], f"{where}: PUBLISHED, but the destination lost the record: {gone[:5]}"
