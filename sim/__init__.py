@@ -42,11 +42,14 @@ def run_seed(
     lie_ms: int = 0,
     sync: bool = False,
     verbose: bool = False,
+    edge_faults: bool = True,
 ) -> Counter[str]:
     """Run one seed in a fresh temporary directory; returns its figures or raises
     `SimFailure` naming the seed and the command that reproduces it."""
     with tempfile.TemporaryDirectory(prefix=f"nereus-sim-{seed}-") as root:
-        world = World(seed, steps, root, lie_ms=lie_ms, sync=sync, verbose=verbose)
+        world = World(
+            seed, steps, root, lie_ms=lie_ms, sync=sync, verbose=verbose, edge_faults=edge_faults
+        )
         try:
             return world.run()
         finally:

@@ -84,12 +84,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per seed")
     parser.add_argument("--sync", action="store_true", help="fsync every commit")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the event trace")
+    parser.add_argument(
+        "--no-edge-faults",
+        action="store_true",
+        help="draw none of the send-gate, rule-edge and lying-destination faults: a seed then "
+        "runs as it did before they were added, to compare figures with an earlier commit",
+    )
     args = parser.parse_args(argv)
     total: Counter[str] = Counter()
     started = time.monotonic()
     for seed in range(args.seed, args.seed + args.seeds):
         try:
-            total += run_seed(seed, args.steps, sync=args.sync, verbose=args.verbose)
+            total += run_seed(
+                seed,
+                args.steps,
+                sync=args.sync,
+                verbose=args.verbose,
+                edge_faults=not args.no_edge_faults,
+            )
         except SimFailure as failure:
             print(failure, file=sys.stderr)
             print(summary(total, time.monotonic() - started))

@@ -141,16 +141,19 @@ class FaultProfile:
     # absence of what a complete search does not find (a dead incarnation writes nothing).
     fenced: bool = False
     calm: bool = False  # the settled phase: every send succeeds, find never misses
+    # False: this destination never lies and draws nothing for lies (see `World.edge_faults`).
+    lies: bool = True
 
     @classmethod
-    def draw(cls, rng: random.Random) -> FaultProfile:
+    def draw(cls, rng: random.Random, *, lies: bool = True) -> FaultProfile:
         return cls(
             fault_rate=rng.choice((0.0, 0.1, 0.25, 0.5)),
             slow_rate=rng.choice((0.0, 0.1, 0.3)),
             duplicate_rate=rng.choice((0.0, 0.05, 0.2)),
             find_miss_rate=rng.choice((0.0, 0.2, 0.5)),
             fenced=rng.random() < 0.5,
-            lie_rate=rng.choice((0.0, 0.0, 0.2, 0.5)),
+            lie_rate=rng.choice((0.0, 0.0, 0.2, 0.5)) if lies else 0.0,
+            lies=lies,
         )
 
 
@@ -260,7 +263,7 @@ class SimDestination:
         """A later report denying what was reported: NOT_PUBLISHED after UNKNOWN, or of a
         record the broker holds after it was reported PUBLISHED. Released strictly after the
         true report, so the product has recorded the truth before the lie arrives."""
-        if self.profile.calm or self.rng.random() >= self.profile.lie_rate:
+        if self.profile.calm or not self.profile.lies or self.rng.random() >= self.profile.lie_rate:
             return
         if is_dead_letter_attempt(result.attempt_id):
             return
@@ -302,7 +305,11 @@ class SimDestination:
                 continue
             if not self.profile.calm and self.rng.random() < self.profile.find_miss_rate:
                 self.stats["fault_find_miss"] += 1
-                if self._fence is None and self.rng.random() < self.profile.lie_rate:
+                if (
+                    self.profile.lies
+                    and self._fence is None
+                    and self.rng.random() < self.profile.lie_rate
+                ):
                     # Claims to have read everything: without a fence that proves nothing.
                     self.stats["lie_search_complete_but_missed"] += 1
                 else:

@@ -1,4 +1,5 @@
-"""Suite-wide setup: which kernel build the tests run against.
+"""Suite-wide setup: which kernel build the tests run against, and the root logger put back
+after every test.
 
 The tests run the compiled kernel that `pip install -e .` builds (setup.py), and refuse to
 start when a compiled module is older than its source, since the edit would not be tested.
@@ -7,7 +8,9 @@ start when a compiled module is older than its source, since the edit would not 
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,3 +30,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"nereus kernel: {compiled.describe()}"
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs `nereus serve` in-process installs the service's JSON handler on the
+    root logger, writing to the stream pytest captured for that test; put the logger back,
+    or threads of later tests log into a closed stream."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
