@@ -7,9 +7,8 @@ exactly once in its file, or the run stops before anything is mutated
 (`tests/test_mutation.py` checks that in every suite run): a refactor that moves or rewrites
 the code a mutant targets must retarget the mutant, never silently disable it.
 
-Grouped by where the code lives. The runtime group targets `runtime/shard.py` as it is
-before its split into modules (issue 18): after that merge its snippets move to the new
-modules and the catalogue test names each one to retarget.
+Grouped by where the code lives: the kernel's time rules and lifecycle, the runtime's send
+gate and recovery, the stores' durability and transaction boundaries.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ RUNTIME_TESTS = (
 STORAGE_TESTS = (
     "tests/test_storage_steps.py",
     "tests/test_storage_durability.py",
+    "tests/test_library_durability.py",
     "tests/test_storage_crash.py",
     "tests/test_storage_store.py",
 )

@@ -16,14 +16,21 @@ except under CI (`CI` set), where the compiler is part of the machine and its ab
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parent / "powerloss_shim.c"
+from tests.worker_process import wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "tests" / "powerloss_shim.c"
+ACK_TIMEOUT_S = 60.0
 SHADOWS_ENV = "NEREUS_POWERLOSS_SHADOWS"
 NAMES_ENV = "NEREUS_POWERLOSS_NAMES"
 _built: dict[str, Path] = {}
@@ -81,3 +88,43 @@ def cut_power(shadows: Path, *files: Path) -> None:
         lock = real.parent / "lock.mdb"
         if lock.exists():
             lock.unlink()
+
+
+def _read_acks(proc: subprocess.Popen[bytes], count: int, where: str) -> list[str]:
+    """The child's next `count` ack lines (it keeps writing meanwhile)."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + ACK_TIMEOUT_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while len(lines) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{where}: only {len(lines)} of {count} acks in time"
+            if not selector.select(left):
+                continue
+            line = proc.stdout.readline().decode().strip()
+            assert line, f"{where}: the worker stopped: {proc.communicate()[1].decode()[-2000:]}"
+            if line.startswith("ack"):
+                lines.append(line)
+    return lines
+
+
+def acks_then_power_loss(
+    command: list[str], shadows: Path, acks: int, where: str, *files: Path
+) -> list[str]:
+    """Run `command` under the power-loss shim, SIGKILL it after its `acks`-th ack line,
+    and cut the power on `files`; returns the ack lines it printed."""
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=child_env(shadows), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_ready(proc, where, 30)
+        told = _read_acks(proc, acks, where)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    cut_power(shadows, *files)
+    return told

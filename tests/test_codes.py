@@ -453,6 +453,16 @@ def overtaken_by(*records: k.Record) -> Build:
     return build
 
 
+def overtaken_by_a_claim_result(s: Shard) -> k.Record:
+    """An Admission proposed from the state the worker saw; then a permanent pre-send error
+    of a claim spends an attempt: the same generation, a newer version."""
+    m = scheduled(s)
+    s.now_ms = ACTION_MS + 10
+    proposed = s.admission()
+    ok(s.apply(claim(m)))
+    return proposed
+
+
 def retry_overtaken_by_evidence(s: Shard) -> k.Record:
     """A retry proposed while armed, then the unknown attempt's evidence arrives first."""
     a1 = uncertain(s)
@@ -1308,6 +1318,8 @@ ROWS: tuple[Row, ...] = (
       C.ADMISSION_DUPLICATE_ATTEMPT),
     R("overtaken by a cancel", overtaken_by(cancel()), C.ADMISSION_STALE),
     R("overtaken by a reschedule", overtaken_by(reschedule(delay_ms=0)), C.ADMISSION_STALE),
+    R("overtaken by a claim result (same generation, newer version)",
+      overtaken_by_a_claim_result, C.ADMISSION_STALE),
     R("lost a race to another admission", loser_of_a_race, C.ADMISSION_STALE),
     R("never scheduled", never_scheduled_admission, C.ADMISSION_STALE),
     R("uncertain, no retries allowed", on_uncertain(lambda s, a: due_admission(s)),

@@ -589,6 +589,36 @@ def test_an_unknown_attempt_waits_for_positive_evidence(
     NeverRules().check_all(driver)
 
 
+EDGE_MS = st.sampled_from((-2, -1, 0, 1)) | st.integers(-5_000, 5_000)
+
+
+@given(bp_ms=EDGE_MS, earliest_ms=EDGE_MS, width_ms=st.sampled_from((0, 1, 10)))
+def test_an_expiry_needs_both_its_evidence_and_its_persistence_time_at_expire_at(
+    bp_ms: int, earliest_ms: int, width_ms: int
+) -> None:
+    """A pending timer is EXPIRED by an Expire only when the worker's evidence (the
+    interval's earliest end) and the log's own persistence time both reached expireAt: either
+    one a millisecond short (the log's clock behind the worker's, or the other way round)
+    leaves it pending. Offsets are from expireAt."""
+    driver = drive([DoSchedule(At(), 0)])
+    message = driver.message(0)
+    assert message is not None and message.status is Status.SCHEDULED
+    expire_at_ms = message.expire_at_ms
+    earliest = expire_at_ms + earliest_ms
+    expiry = k.Expire(
+        message.message_id,
+        message.generation,
+        message.version,
+        k.TrustedInterval(earliest, earliest + width_ms),
+    )
+    step = driver.append(expiry, at_ms=max(driver.now_ms, expire_at_ms + bp_ms))
+    proven = earliest >= expire_at_ms and step.entry.persisted_at_ms >= expire_at_ms
+    after = driver.message(0)
+    assert after is not None
+    assert (after.status is Status.EXPIRED) == proven, (step.outcome.code, bp_ms, earliest_ms)
+    NeverRules().check_all(driver)
+
+
 def test_cancel_of_a_dead_letter_with_an_unknown_attempt_is_too_late() -> None:
     """A generation whose first attempt went UNKNOWN and whose budget was then spent by
     claim results is DEAD_LETTERED, but the unknown attempt may be at the destination: the

@@ -12,9 +12,12 @@ PUBLISHING in the shard store.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nereus.adapters.clock import SimulatedClock
 from nereus.adapters.local.destination import LocalDestination
@@ -23,6 +26,7 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.model import Attempt, AttemptStatus, Status, Table
 from nereus.kernel.records import Evidence, NotPublished, Published, PublishOutcome, Unknown
 from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import Fence, FinishedSearch, Lookup, Search, SearchOutcome
 from nereus.storage.store import ShardStore
 from tests.runtime_harness import T0_MS, CrashBeforeWrite, Harness
 
@@ -316,3 +320,80 @@ def test_claims_of_a_dead_process_are_dropped_on_start(tmp_path: Path) -> None:
         persisted = [k for k in cursor.iternext(values=False) if not k.startswith(b"\x00")]
     assert persisted == []
     h.close()
+
+
+class FencedDestination(LocalDestination):
+    """The local destination as if its producer could be fenced (as Kafka's transactional
+    one is): each incarnation fences its predecessors at open, and its searches say so.
+    `complete` decides whether a search read everything after the fence; the records it does
+    hold are still found either way."""
+
+    complete = False
+
+    def open(self, store_id: str) -> None:
+        super().open(store_id)
+        self.fence_id = f"fence.{store_id}"
+
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
+        found = super().search(lookups, wake).outcome().found
+        assert self.fence_id is not None
+        outcome = SearchOutcome(
+            found,
+            complete=type(self).complete,
+            fence=Fence(self.fence_id, T0_MS),
+            searched="every partition" if type(self).complete else "partition 1 not read",
+        )
+        return FinishedSearch(outcome)
+
+
+def test_an_incomplete_search_after_the_fence_proves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts admitted under a fence and never written: while the searches after the fence
+    are incomplete, recovery records nothing (the attempts stay open, nothing is re-sent);
+    once one is complete, its proof makes them NOT_PUBLISHED and the timers are delivered."""
+    monkeypatch.setattr(FencedDestination, "complete", False)
+    keys = ["a", "b"]
+    h = Harness(tmp_path, _clock(), destination_cls=FencedDestination)
+    first = _admit_and_crash_before_send(h, keys)
+    h.reopen()
+    h.crash_before_write = False
+    for _ in range(5):
+        h.clock.advance(2_000)  # past the retry of a failed search, every time
+        h.tick(3)
+    assert len(h.sends) == len(keys), "an attempt was sent again without a proof"
+    for key, attempt_id in zip(keys, first, strict=True):
+        (attempt,) = h.attempts(h.message(key).message_id)
+        assert attempt.attempt_id == attempt_id
+        assert attempt.status is not AttemptStatus.NOT_PUBLISHED, attempt
+        assert [o for o in _outcomes(h, attempt_id) if isinstance(o.result, NotPublished)] == []
+
+    monkeypatch.setattr(FencedDestination, "complete", True)
+    for _ in range(10):
+        h.clock.advance(30_000)
+        h.tick(3)
+    for key, attempt_id in zip(keys, first, strict=True):
+        m = h.message(key)
+        (proven,) = [o.result for o in _outcomes(h, attempt_id)]
+        assert isinstance(proven, NotPublished) and proven.proof is not None, proven
+        assert proven.proof.fence_id.startswith("fence.")
+        assert m.status is Status.DELIVERED, key
+    assert len(h.delivered()) == len(keys)
+    assert not h.problems, h.problems
+    h.close()
+
+
+@given(
+    attempt_fence=st.sampled_from([None, "f1", "f2"]),
+    search_fence=st.sampled_from([None, "f1", "f2"]),
+    complete=st.booleans(),
+)
+def test_a_search_never_proves_absence_unless_complete_and_under_the_attempts_fence(
+    attempt_fence: str | None, search_fence: str | None, complete: bool
+) -> None:
+    fence = Fence(search_fence, T0_MS) if search_fence is not None else None
+    proof = SearchOutcome({}, complete=complete, fence=fence).proof_for(attempt_fence)
+    proves = complete and attempt_fence is not None and attempt_fence == search_fence
+    assert (proof is not None) == proves
+    if proof is not None:
+        assert proof.fence_id == attempt_fence

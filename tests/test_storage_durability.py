@@ -14,27 +14,21 @@ fsync switched off must visibly lose writes, or the harness would prove nothing.
 from __future__ import annotations
 
 import random
-import selectors
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from nereus.adapters.local.destination import LocalDestination
-from nereus.kernel.model import Attempt, AttemptStatus, Message, Table
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 from tests.crash_worker import CONFIG, check_reopened, entry_digest
-from tests.powerloss import child_env, cut_power
+from tests.powerloss import acks_then_power_loss, child_env, cut_power
 from tests.seeds import seed_from_env
 from tests.worker_process import wait_ready
 
-ROOT = Path(__file__).resolve().parent.parent
 SEED = seed_from_env("NEREUS_POWERLOSS_SEED", 31337)
 KILLS = 3
-READ_TIMEOUT_S = 60.0
 
 
 def test_the_store_syncs_every_commit(tmp_path: Path) -> None:
@@ -89,50 +83,10 @@ def test_the_power_loss_model_keeps_exactly_what_was_synced(tmp_path: Path) -> N
     assert target.read_bytes() == b"AAAAAAAAAC"
 
 
-def _read_acks(proc: subprocess.Popen[bytes], count: int, where: str) -> list[str]:
-    """The child's next `count` ack lines (it keeps writing meanwhile)."""
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + READ_TIMEOUT_S
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while len(lines) < count:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{where}: only {len(lines)} of {count} acks in time"
-            if not selector.select(left):
-                continue
-            line = proc.stdout.readline().decode().strip()
-            assert line, f"{where}: the worker stopped: {proc.communicate()[1].decode()[-2000:]}"
-            if line.startswith("ack"):
-                lines.append(line)
-    return lines
-
-
-def _acks_then_power_loss(
-    command: list[str], shadows: Path, acks: int, where: str, *files: Path
-) -> list[str]:
-    """Run `command` under the power-loss shim, SIGKILL it after its `acks`-th ack line,
-    and cut the power on `files`; returns the ack lines it printed."""
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=child_env(shadows), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
-        wait_ready(proc, where, 30)
-        told = _read_acks(proc, acks, where)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    cut_power(shadows, *files)
-    return told
-
-
 def _run_store_worker(path: Path, shadows: Path, seed: int, acks: int, *extra: str) -> list[str]:
     command = [sys.executable, "-m", "tests.crash_worker", str(path), str(seed), "--acks"]
     where = f"store worker seed {seed}"
-    return _acks_then_power_loss([*command, *extra], shadows, acks, where, path / "data.mdb")
+    return acks_then_power_loss([*command, *extra], shadows, acks, where, path / "data.mdb")
 
 
 def _lost(path: Path, told: list[str]) -> list[str]:
@@ -175,36 +129,3 @@ def test_a_store_without_fsync_is_caught_losing_writes(tmp_path: Path) -> None:
     path, shadows = tmp_path / "shard", tmp_path / "shadows"
     told = _run_store_worker(path, shadows, SEED, 40, "--no-sync")
     assert _lost(path, told), "a store that never syncs lost nothing at a power loss"
-
-
-def test_the_embedded_library_loses_nothing_it_acknowledged(tmp_path: Path) -> None:
-    """The whole stack (`Nereus`, its runtime thread, the shard store and the local
-    destination): every schedule that returned is still there after a power loss, and every
-    attempt recorded PUBLISHED names a destination record that is still there too."""
-    where = f"embedded power loss (NEREUS_POWERLOSS_SEED={SEED})"
-    lines = _acks_then_power_loss(
-        [sys.executable, "-m", "tests.durability_worker", str(tmp_path), str(SEED)],
-        tmp_path / "shadows",
-        80,
-        where,
-        tmp_path / "shard" / "data.mdb",
-        tmp_path / "destination" / "data.mdb",
-    )
-    told = [line.split()[1] for line in lines]
-    destination = LocalDestination(str(tmp_path / "destination"))
-    try:
-        with ShardStore.open(str(tmp_path / "shard")) as store, store.read() as view:
-            keys = {m.timer_key for _, m in view.items(Table.MESSAGES) if isinstance(m, Message)}
-            missing = [key for key in told if key not in keys]
-            assert missing == [], f"{where}: acknowledged schedules lost: {missing[:5]}"
-            published = [
-                a
-                for _, a in view.items(Table.ATTEMPTS)
-                if isinstance(a, Attempt) and a.status is AttemptStatus.PUBLISHED
-            ]
-        held = {r.attempt_id for r in destination.iter_all("q")}
-    finally:
-        destination.close()
-    assert published, f"{where}: nothing was delivered before the kill"
-    gone = [a.attempt_id for a in published if a.attempt_id not in held]
-    assert gone == [], f"{where}: PUBLISHED, but the destination lost the record: {gone[:5]}"
