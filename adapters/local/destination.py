@@ -78,6 +78,7 @@ class LocalDestination:
         sync: bool = True,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         before_send: Callable[[Sequence[Send]], None] | None = None,
+        map_size_bytes: int = 64 * 1024**3,
     ) -> None:
         os.makedirs(path, exist_ok=True)
         check_data_file(os.path.join(path, "data.mdb"))
@@ -86,7 +87,8 @@ class LocalDestination:
         # A test hook: runs inside submit, before the write, to check what the sender knew.
         self._before_send = before_send
         try:
-            self._env: Any = lmdb.open(path, map_size=64 * 1024**3, max_dbs=8, sync=sync)
+            # Address space, not disk (as the shard store's): LMDB grows the file as used.
+            self._env: Any = lmdb.open(path, map_size=map_size_bytes, max_dbs=8, sync=sync)
             self._records = self._env.open_db(b"records")
             self._offsets = self._env.open_db(b"offsets")
             self._attempts = self._env.open_db(b"attempts")
