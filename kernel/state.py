@@ -139,17 +139,23 @@ class State(msgspec.Struct, frozen=True):
 
     def items(self, table: Table) -> Iterator[tuple[bytes, Value]]:
         """Merged rows in key order. Walks the whole base: for audits and tests, not for
-        the hot path."""
-        changed = {k: v for (t, k), v in self.overlay.items() if t == table}
-        merged: dict[bytes, Value] = {}
+        the hot path. The base streams in key order and the overlay's few changes are merged
+        into it, so a table larger than memory (an LMDB base) is never held whole."""
+        changed = sorted(((k, v) for (t, k), v in self.overlay.items() if t == table), key=_first)
+        i = 0
         for key, value in self.base.items(table):
-            if key not in changed:
-                merged[key] = value
-        for key, change in changed.items():
+            while i < len(changed) and changed[i][0] <= key:
+                at, change = changed[i]
+                i += 1
+                if not isinstance(change, _Deleted):
+                    yield at, change
+                if at == key:
+                    break
+            else:
+                yield key, value
+        for at, change in changed[i:]:
             if not isinstance(change, _Deleted):
-                merged[key] = change
-        for key in sorted(merged):
-            yield key, merged[key]
+                yield at, change
 
     # Writes (each returns a new State) ---------------------------------------------------
 
@@ -164,3 +170,7 @@ class State(msgspec.Struct, frozen=True):
     def rebase(self, base: StateBase) -> State:
         """A State over `base`, which must already contain `changes()`."""
         return State(self.config, self.meta, base, PersistentOverlay())
+
+
+def _first(row: tuple[bytes, OverlayValue]) -> bytes:
+    return row[0]

@@ -1,12 +1,19 @@
 """`nereus replay`: rebuild a shard's state from its log alone, and audit it.
 
     nereus replay --data DIR [--shard N] [--obligations] [--verify] [--to POSITION] [--json]
+                  [--fold auto|memory|disk] [--scratch DIR]
     nereus replay --log FILE.jsonl [--obligations] [--to POSITION] [--json]
 
 `--data` is the directory `nereus serve --data` was given (`replay.layout`): its one shard,
 or in Kafka mode every shard under it (or the one `--shard N` names), each in turn; a shard
 store's own directory works too. With several shards the text output has one section per
 shard and `--json` one document `{"shards": {"shard-0": {...}, ...}}`.
+
+`--fold memory` folds into Python objects (fast; ~1 KB of memory per live timer); `--fold
+disk` into a scratch LMDB store (`replay.disk`: memory bounded by a batch, the state in a
+file under `--scratch`, by default a temporary directory, removed afterwards). `auto`, the
+default, folds on disk once the state to rebuild covers more than `AUTO_DISK_POSITIONS`
+log positions.
 
 Exit status: 0 done (and verified, with --verify); 1 a store differs from its replay;
 2 a store or log was refused (the message says which file and why).
@@ -15,8 +22,11 @@ Exit status: 0 done (and verified, with --verify); 1 a store differs from its re
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
@@ -24,6 +34,8 @@ import msgspec
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.digest import state_digest
 from nereus.kernel.records import LogEntry
+from nereus.kernel.state import State
+from nereus.replay.disk import replay_on_disk
 from nereus.replay.fold import ReplayResult, replay
 from nereus.replay.layout import shard_stores
 from nereus.replay.progress import Progress
@@ -32,8 +44,12 @@ from nereus.storage.errors import StoreError
 from nereus.storage.jsonl import JsonlLog
 from nereus.storage.memory import MemoryStore
 from nereus.storage.schema import StoreOptions
-from nereus.storage.snapshot import latest_snapshot, read_snapshot
+from nereus.storage.snapshot import latest_snapshot, read_snapshot, read_snapshot_header
 from nereus.storage.store import ShardStore
+
+# Past this many positions (about a gigabyte of Python objects if they were all live timers)
+# `--fold auto` folds on disk.
+AUTO_DISK_POSITIONS = 1_000_000
 
 
 def register(sub: Any) -> None:
@@ -48,6 +64,13 @@ def register(sub: Any) -> None:
     p.add_argument("--verify", action="store_true", help="compare replay with the store")
     p.add_argument("--to", type=int, metavar="POSITION", help="state as of this position")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--fold",
+        choices=("auto", "memory", "disk"),
+        default="auto",
+        help="fold in memory, or into a scratch LMDB store (default: disk for large states)",
+    )
+    p.add_argument("--scratch", metavar="DIR", help="where --fold disk keeps its store")
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -90,8 +113,17 @@ def _run(args: argparse.Namespace) -> int:
                 "replaying it needs the store's snapshot: use --data",
             )
         last = source.header.last_position if args.to is None else args.to
-        result, _ = _fold(source.entries(1, args.to), config, None, last, show_progress)
-        _print(result, args, verified=None)
+        entries = source.entries(1, args.to)
+        with _folded(
+            entries,
+            config,
+            snapshot=None,
+            first=0,
+            last=last,
+            args=args,
+            show_progress=show_progress,
+        ) as (result, _):
+            _print(result, args, verified=None)
         return 0
     stores = shard_stores(args.data, args.shard)
     if len(stores) == 1:
@@ -131,54 +163,88 @@ def _replay_store(
             target = store.meta.position
         else:
             target = store.log_last_position if args.to is None else args.to
-        start = _start_from_snapshot(store, target)
-        first = (start.meta.position if start else 0) + 1
-        result, replayed = _fold(
-            store.iter_log(first, target), store.config, start, target, show_progress
-        )
-        if result.position != target:
-            raise StoreError(
-                store.env.data_file,
-                f"log ends at position {result.position}, before position {target}",
-            )
-        verified: str | None = None
-        if args.verify:
-            with store.state_view() as live:
-                if state_digest(live) == result.digest:
-                    verified = "ok"
-                else:
-                    verified = first_difference(live, replayed.state) or "digests differ"
+        snapshot, first = _snapshot_below(store, target)
+        entries = store.iter_log(first + 1, target)
+        with _folded(
+            entries,
+            store.config,
+            snapshot=snapshot,
+            first=first,
+            last=target,
+            args=args,
+            show_progress=show_progress,
+        ) as (result, replayed):
+            if result.position != target:
+                raise StoreError(
+                    store.env.data_file,
+                    f"log ends at position {result.position}, before position {target}",
+                )
+            verified: str | None = None
+            if args.verify:
+                with store.state_view() as live:
+                    if state_digest(live) == result.digest:
+                        verified = "ok"
+                    else:
+                        verified = first_difference(live, replayed) or "digests differ"
         return result, verified
 
 
-def _start_from_snapshot(store: ShardStore, target: int) -> MemoryStore | None:
+def _snapshot_below(store: ShardStore, target: int) -> tuple[str | None, int]:
+    """The snapshot a replay to `target` starts from (None: the log's start), and its
+    position."""
     path = latest_snapshot(store)
     if path is None:
-        return None
-    header, memory = read_snapshot(path, store.config)
+        return None, 0
+    header = read_snapshot_header(path)
     if target < header.position:
         raise StoreError(
             path,
             f"the log below position {store.log_info.floor} was compacted; "
             f"the earliest reconstructible position is {header.position}",
         )
-    return memory
+    return path, header.position
 
 
-def _fold(
+@contextmanager
+def _folded(
     entries: Iterator[LogEntry],
     config: KernelConfig,
-    start: MemoryStore | None,
+    *,
+    snapshot: str | None,
+    first: int,
     last: int,
+    args: argparse.Namespace,
     show_progress: bool,
-) -> tuple[ReplayResult, MemoryStore]:
-    first = start.meta.position if start else 0
+) -> Iterator[tuple[ReplayResult, State]]:
+    """Fold `entries` (after `snapshot`, at position `first`, if given) up to `last`, in
+    memory or on disk as `--fold` says; yields the result and the state reached."""
     progress = Progress("replay", max(last - first, 0), enabled=show_progress)
-    store, result = replay(
-        entries, config, start=start, on_entry=lambda pos: progress.update(pos - first)
-    )
-    progress.finish()
-    return result, store
+
+    def on_entry(position: int) -> None:
+        progress.update(position - first)
+
+    on_disk = args.fold == "disk" or (args.fold == "auto" and last > AUTO_DISK_POSITIONS)
+    if not on_disk:
+        start: MemoryStore | None = None
+        if snapshot is not None:
+            _, start = read_snapshot(snapshot, config)
+        memory, result = replay(entries, config, start=start, on_entry=on_entry)
+        progress.finish()
+        yield result, memory.state
+        return
+    scratch = tempfile.mkdtemp(prefix="nereus-replay-", dir=args.scratch)
+    try:
+        store, result = replay_on_disk(
+            entries, config, scratch, snapshot=snapshot, on_entry=on_entry
+        )
+        progress.finish()
+        try:
+            with store.state_view() as state:
+                yield result, state
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _doc(result: ReplayResult, args: argparse.Namespace, verified: str | None) -> dict[str, Any]:

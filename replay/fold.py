@@ -2,7 +2,8 @@
 
 Theory of operation: replay needs nothing but the entries and the kernel configuration. It
 folds them into a `MemoryStore` (starting empty, or from a snapshot when the log was
-compacted) and reports the state digest, the counters, how many entries got each outcome
+compacted), or into a scratch LMDB store when the state is larger than memory should hold
+(`replay.disk`), and reports the state digest, the counters, how many entries got each outcome
 code, and above all the open obligations: attempts that are PUBLISHING or UNKNOWN and so may
 exist at the destination.
 """
@@ -81,8 +82,12 @@ def replay(
             on_entry(entry.position)
 
     folded = store.feed(entries, observe)
-    state = store.state
-    result = ReplayResult(
+    return store, result_of(store.state, folded, counts)
+
+
+def result_of(state: State, folded: int, counts: Counter[str]) -> ReplayResult:
+    """What a replay reports about the state it reached."""
+    return ReplayResult(
         position=state.meta.position,
         entries_folded=folded,
         digest=state_digest(state),
@@ -90,4 +95,3 @@ def replay(
         outcome_counts=dict(sorted(counts.items())),
         obligations=obligations(state),
     )
-    return store, result

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
 import msgspec
@@ -90,9 +91,13 @@ def read_snapshot_header(path: str) -> SnapshotHeader:
         raise StoreError(path, f"not a Nereus snapshot: {exc}") from exc
 
 
-def read_snapshot(path: str, config: KernelConfig) -> tuple[SnapshotHeader, MemoryStore]:
-    """Load a snapshot into memory, verifying every frame and the state digest."""
-    tables: dict[Table, dict[bytes, Value]] = {t: {} for t in TABLES}
+@contextmanager
+def snapshot_rows(
+    path: str, config: KernelConfig
+) -> Iterator[tuple[SnapshotHeader, Iterator[tuple[Table, bytes, Value]]]]:
+    """A snapshot's header and its rows, read one frame at a time (every frame checked as it
+    is read), so a state larger than memory can be restored. The digest is the caller's to
+    check, over what it built from the rows."""
     row_decoder = msgspec.msgpack.Decoder(tuple[str, bytes, msgspec.Raw])
     decoders = {t: msgspec.msgpack.Decoder(VALUE_TYPES[t]) for t in TABLES}
     with open(path, "rb") as f:
@@ -108,17 +113,40 @@ def read_snapshot(path: str, config: KernelConfig) -> tuple[SnapshotHeader, Memo
             raise StoreError(path, f"unsupported snapshot {header.format} v{header.version}")
         if header.config_fingerprint != config.fingerprint():
             raise StoreError(path, "snapshot was taken under another kernel configuration")
-        for index, body in enumerate(frames, start=1):
-            try:
-                table_name, key, raw = row_decoder.decode(body)
-                table = Table(table_name)
-                tables[table][key] = decoders[table].decode(raw)
-            except (ValueError, msgspec.MsgspecError) as exc:
-                raise StoreError(path, f"bad row: {exc}", f"frame {index}") from exc
+
+        def rows() -> Iterator[tuple[Table, bytes, Value]]:
+            for index, body in enumerate(frames, start=1):
+                try:
+                    table_name, key, raw = row_decoder.decode(body)
+                    table = Table(table_name)
+                    yield table, key, decoders[table].decode(raw)
+                except (ValueError, msgspec.MsgspecError) as exc:
+                    raise StoreError(path, f"bad row: {exc}", f"frame {index}") from exc
+
+        yield header, rows()
+
+
+def read_snapshot(path: str, config: KernelConfig) -> tuple[SnapshotHeader, MemoryStore]:
+    """Load a snapshot into memory, verifying every frame and the state digest."""
+    tables: dict[Table, dict[bytes, Value]] = {t: {} for t in TABLES}
+    with snapshot_rows(path, config) as (header, rows):
+        for table, key, value in rows:
+            tables[table][key] = value
     store = MemoryStore(config, meta=header.meta, tables=tables)
     if state_digest(store.state) != header.digest:
         raise StoreError(path, "snapshot content does not match its recorded digest")
     return header, store
+
+
+def load_snapshot(path: str, store: ShardStore) -> SnapshotHeader:
+    """Restore a snapshot into an empty LMDB store in bounded memory (`ShardStore.load_rows`)
+    and check the result against the snapshot's recorded digest."""
+    with snapshot_rows(path, store.config) as (header, rows):
+        store.load_rows(header.meta, rows)
+    with store.state_view() as state:
+        if state_digest(state) != header.digest:
+            raise StoreError(path, "snapshot content does not match its recorded digest")
+    return header
 
 
 def compact_log(store: ShardStore, floor: int) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -421,6 +421,7 @@ class ShardStore:
         source: LogSource | None = None,
         payloads: Mapping[int, bytes] | None = None,
         before_commit: Callable[[list[Applied]], None] | None = None,
+        mirror: bool = True,
     ) -> list[Applied]:
         """Fold `entries` in one durable write transaction. Entries not yet in the local log
         (a Kafka-sourced shard) are written to it in the same transaction, so the local log
@@ -429,10 +430,12 @@ class ShardStore:
         bytes its schedules carried, by position (checked by the caller against the
         schedule's digest and size); `also` writes runtime rows (claims) in the same
         transaction, as in `commit`. `before_commit` sees the fold's results while the
-        transaction is still open (if it raises, nothing of the batch is written)."""
+        transaction is still open (if it raises, nothing of the batch is written). A scratch
+        store that only materializes state (a disk-backed replay) passes `mirror=False`: its
+        log stays empty."""
         env = self._env
         with env.env.begin(write=True) as txn:
-            results, meta, logged = self._apply_in(txn, entries, mirror=True, payloads=payloads)
+            results, meta, logged = self._apply_in(txn, entries, mirror=mirror, payloads=payloads)
             if source is not None:
                 txn.put(LOG_SOURCE_KEY, encode_value(source), db=env.meta)
             if also is not None:
@@ -485,6 +488,40 @@ class ShardStore:
         txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)
         self._at("meta")
         return results, state.meta, logged
+
+    def load_rows(
+        self, meta: ShardMeta, rows: Iterable[tuple[Table, bytes, Value]], batch_rows: int = 10_000
+    ) -> int:
+        """Fill an empty store with a state's rows (a snapshot being restored) and then its
+        meta, in write transactions of `batch_rows`, so memory stays bounded by a batch
+        whatever the state's size; the derived indexes are written beside the rows. Returns
+        how many rows. The caller checks the result (its digest) before trusting it."""
+        if self.meta.position != 0 or self.log_last_position != 0:
+            raise ValueError("load_rows needs an empty store")
+        env = self._env
+        count = 0
+        batch: list[tuple[Table, bytes, Value]] = []
+        for row in rows:
+            batch.append(row)
+            if len(batch) >= batch_rows:
+                count += self._load_batch(batch)
+                batch = []
+        count += self._load_batch(batch)
+        with env.env.begin(write=True) as txn:
+            txn.put(SHARD_META_KEY, encode_value(meta), db=env.meta)
+        self.meta = meta
+        return count
+
+    def _load_batch(self, batch: Sequence[tuple[Table, bytes, Value]]) -> int:
+        env = self._env
+        with env.env.begin(write=True) as txn:
+            for table, key, value in batch:
+                if table is Table.TIMELINE:
+                    self._index_lane(txn, key, value)
+                elif table is Table.MESSAGES:
+                    self._index_timer(txn, key, value)
+                txn.put(key, encode_value(value), db=env.tables[table])
+        return len(batch)
 
     def _at(self, step: str) -> None:
         """The crash window after `step` (see the module docstring)."""

@@ -8,6 +8,7 @@ store first differs from the replay of its own log.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from nereus import kernel as k
 from nereus.adapters.cli.main import main as nereus
 from nereus.kernel.model import ShardMeta
+from nereus.replay import cli as replay_cli
 from nereus.replay.fold import replay
 from nereus.storage.codec import encode_value
 from nereus.storage.schema import SHARD_META_KEY
@@ -216,3 +218,62 @@ def test_replay_audits_a_store_of_any_shard(
     code, out, err = run(capsys, "--data", str(path), "--verify")
     assert code == 0, err
     assert "verify       ok" in out
+
+
+# The disk-backed fold ----------------------------------------------------------------------
+
+
+def test_the_disk_fold_reports_what_the_memory_fold_reports(
+    shard: tuple[Path, dict[str, k.PublishAdmission]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    path, _ = shard
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    for extra in ((), ("--to", "6"), ("--verify",)):
+        memory = run_json(capsys, "--data", str(path), "--obligations", "--fold", "memory", *extra)
+        disk = run_json(
+            capsys, "--data", str(path), "--obligations", "--fold", "disk",
+            "--scratch", str(scratch), *extra,
+        )  # fmt: skip
+        assert disk == memory
+        assert list(scratch.iterdir()) == [], "the scratch store is removed afterwards"
+    assert memory["verify"] == {"ok": True, "first_difference": None}
+
+
+def test_the_disk_fold_names_the_first_row_that_differs(
+    shard: tuple[Path, dict[str, k.PublishAdmission]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = shard
+    with ShardStore.open(str(path)) as store:
+        changed = msgspec.structs.replace(store.meta, shard_status="PAUSED")
+        with store.env.env.begin(write=True) as txn:
+            txn.put(SHARD_META_KEY, encode_value(changed), db=store.env.meta)
+    code, out, _ = run(capsys, "--data", str(path), "--verify", "--fold", "disk")
+    assert code == 1
+    assert "verify       MISMATCH: shard meta differs" in out
+
+
+def test_auto_folds_on_disk_past_its_threshold(
+    shard: tuple[Path, dict[str, k.PublishAdmission]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """`--fold auto` (the default) takes the disk once the state covers more positions than
+    its threshold: seen here through the scratch directory it makes."""
+    path, _ = shard
+    made: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*args: Any, **kwargs: Any) -> str:
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    expected = run_json(capsys, "--data", str(path))
+    assert made == []
+    monkeypatch.setattr(replay_cli, "AUTO_DISK_POSITIONS", 5)
+    assert run_json(capsys, "--data", str(path)) == expected
+    assert len(made) == 1 and not Path(made[0]).exists()

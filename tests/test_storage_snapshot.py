@@ -21,11 +21,19 @@ from hypothesis import strategies as st
 from nereus import kernel as k
 from nereus.adapters.cli.main import main as nereus
 from nereus.kernel.codes import POSITION_CODES
+from nereus.replay.disk import replay_on_disk
 from nereus.replay.fold import replay
 from nereus.storage.codec import frame
 from nereus.storage.errors import StoreError
 from nereus.storage.jsonl import JsonlLog, export_log, import_log
-from nereus.storage.snapshot import compact_log, read_snapshot, write_snapshot
+from nereus.storage.snapshot import (
+    _read_frames,
+    _write_frame,
+    compact_log,
+    load_snapshot,
+    read_snapshot,
+    write_snapshot,
+)
 from nereus.storage.store import ShardStore
 from tests import strategies
 from tests.builders import OTHER_DIGEST, T0_MS, interval_at, mid, published, schedule, unknown
@@ -132,6 +140,13 @@ def test_snapshot_plus_the_rest_of_the_log_equals_the_whole_replay(
             _, result = replay(store.iter_log(point + 1), config, start=memory)
             assert result.position == len(entries)
             assert result.digest == whole, f"snapshot at {point} of {len(entries)}"
+            # The same restored into LMDB in bounded memory, and the rest folded on disk.
+            scratch = str(tmp_path_factory.mktemp("disk") / "scratch")
+            on_disk, result = replay_on_disk(
+                store.iter_log(point + 1), config, scratch, snapshot=path, batch_entries=7
+            )
+            on_disk.close()
+            assert (result.position, result.digest) == (len(entries), whole)
 
 
 def test_a_damaged_snapshot_is_refused(store: ShardStore) -> None:
@@ -144,6 +159,37 @@ def test_a_damaged_snapshot_is_refused(store: ShardStore) -> None:
         read_snapshot(path, store.config)
     assert str(caught.value).startswith(f"{path}: ")
     assert "frame" in str(caught.value)
+
+
+def test_a_snapshot_whose_rows_do_not_match_its_digest_is_refused(
+    store: ShardStore, tmp_path: Path
+) -> None:
+    """Every frame intact, one row changed: only the digest over what was restored can tell,
+    in memory and on disk alike."""
+    fill(store, 5)
+    path, _ = write_snapshot(store)
+    with open(path, "rb") as f:
+        frames = list(_read_frames(f, path))
+    table, key, value = msgspec.msgpack.decode(frames[-1])
+    field = next(name for name, v in value.items() if isinstance(v, int) and v > 0)
+    value[field] += 1  # a valid row, another state
+    changed = msgspec.msgpack.encode((table, key, value))
+    with open(path, "wb") as f:
+        for body in [*frames[:-1], changed]:
+            _write_frame(f, body)
+    with pytest.raises(StoreError, match="does not match its recorded digest"):
+        read_snapshot(path, store.config)
+    with (
+        ShardStore.open(str(tmp_path / "restored")) as restored,
+        pytest.raises(StoreError, match="does not match its recorded digest"),
+    ):
+        load_snapshot(path, restored)
+
+
+def test_rows_load_only_into_an_empty_store(store: ShardStore) -> None:
+    fill(store, 1)
+    with pytest.raises(ValueError, match="empty store"):
+        store.load_rows(store.meta, [])
 
 
 def test_a_snapshot_under_another_configuration_is_refused(store: ShardStore) -> None:
@@ -214,12 +260,14 @@ def test_a_compacted_store_reopens_replays_and_verifies(
         fill(store, 2, T0_MS + 30, prefix="reopened")
         assert [e.position for e in store.iter_log()] == list(range(14, 19))
         expected = live_digest(store)
-    code, out, err = run_cli(capsys, "replay", "--data", path, "--verify", "--json")
-    assert code == 0, err
-    doc = json.loads(out)
-    assert doc["verify"] == {"ok": True, "first_difference": None}
-    assert doc["digest"] == expected
-    assert doc["position"] == 18
+    for fold in ("memory", "disk"):  # from the snapshot, then the rest of the log
+        argv = ("replay", "--data", path, "--verify", "--json", "--fold", fold)
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["verify"] == {"ok": True, "first_difference": None}
+        assert doc["digest"] == expected
+        assert doc["position"] == 18
     code, out, err = run_cli(capsys, "replay", "--data", path, "--to", "5")
     assert code == 2
     assert err.startswith("nereus replay: refused: ") and "compacted" in err
