@@ -19,6 +19,7 @@ named Pulsar targets, with a certified delayed handoff where a target is configu
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import os
 import signal
@@ -199,6 +200,22 @@ def _log_auth(tenancy: Tenancy, log: Logger) -> None:
         )
 
 
+# The cyclic garbage collector's thresholds for the service's process. The fire path and the
+# intake make and drop many small containers per timer, almost none of them in a cycle, so
+# the default (a young-generation pass every 700 allocations) spends ~4 % of a fired timer's
+# instructions walking objects that reference counting frees anyway (callgrind, bench.cost's
+# fire: 758k -> 726k per timer). Cycles still get collected, a little later.
+GC_THRESHOLDS = (100_000, 50, 100)
+
+
+def _tune_gc() -> None:
+    """Collect what start-up made, keep it out of later passes, and collect less often.
+    Only the service does this: an embedding program owns its process's collector."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def serve(args: argparse.Namespace) -> int:
     configure_json_logging(level=args.log_level)
     log = Logger()
@@ -243,6 +260,7 @@ def serve(args: argparse.Namespace) -> int:
         nereus.close()
         return 2
     _, server = made
+    _tune_gc()
     nereus.start()
     server.start()
     _log_auth(tenancy, log)
@@ -372,6 +390,7 @@ def serve_kafka(
         service.close()
         return 2
     _, server = made
+    _tune_gc()
     server.start()
     _log_auth(tenancy, log)
     log.info(
