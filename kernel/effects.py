@@ -3,8 +3,11 @@
 Theory of operation: the reducer never performs I/O; it returns effects and the runtime
 performs them *after* the batch that produced them is durably committed. Every entry yields
 exactly one `EntryOutcome` first (the reply to a command, or the verdict on a mutation);
-other effects follow in the order the runtime should perform them. An effect is identified by
-(entry position, index in the returned tuple), which is stable under replay.
+other effects follow in the order the runtime should perform them. A batch record
+(`PUBLISH_ADMISSIONS_V1`, `PUBLISH_OUTCOMES_V1`) yields that for each item in turn: the
+item's outcome (its `index` says which item), then the item's effects (`split` pairs them
+with the records the items stand for). An effect is identified by (entry position, index in
+the returned tuple), which is stable under replay.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import msgspec
 
 from nereus.kernel.codes import Code
 from nereus.kernel.model import TimelineWork
-from nereus.kernel.records import Evidence
+from nereus.kernel.records import Evidence, PublishAdmissions, PublishOutcomes, Record, members
 
 
 # `gc=False`: effects are frozen values of strings, numbers and other frozen values, so they
@@ -32,6 +35,8 @@ class EntryOutcome(msgspec.Struct, frozen=True, gc=False):
     # For too_late: which attempt crossed Admission and, if known, where it landed.
     attempt_id: str | None = None
     evidence: Evidence | None = None
+    # Which item of a batch record this answers (0 for a single record).
+    index: int = 0
 
 
 class TimelinePut(msgspec.Struct, frozen=True, gc=False):
@@ -83,3 +88,27 @@ class DeadLetter(msgspec.Struct, frozen=True, gc=False):
 
 
 Effect = EntryOutcome | TimelinePut | TimelineRemove | Publish | RevokeClaim | DeadLetter
+
+
+def split(
+    record: Record, effects: tuple[Effect, ...]
+) -> list[tuple[Record, EntryOutcome, tuple[Effect, ...]]]:
+    """An entry's effects per record it stands for: (record, its outcome, its other effects).
+    One triple for a single record; one per item for a batch record (the item as the single
+    record it means), unless the whole entry was refused before its items were looked at
+    (a position or persistence-time verdict), which is one triple for the batch itself."""
+    first = effects[0]
+    assert isinstance(first, EntryOutcome)
+    if not isinstance(record, PublishAdmissions | PublishOutcomes) or not record.items:
+        return [(record, first, effects[1:])]
+    items = members(record)
+    found: list[tuple[Record, EntryOutcome, tuple[Effect, ...]]] = []
+    starts = [i for i, e in enumerate(effects) if isinstance(e, EntryOutcome)]
+    if len(starts) != len(items):
+        return [(record, first, effects[1:])]  # refused as a whole
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(effects)
+        outcome = effects[start]
+        assert isinstance(outcome, EntryOutcome)
+        found.append((items[n], outcome, effects[start + 1 : end]))
+    return found

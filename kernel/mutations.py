@@ -42,11 +42,15 @@ from nereus.kernel.records import (
     LaneGate,
     NotPublished,
     PublishAdmission,
+    PublishAdmissions,
     Published,
     PublishOutcome,
+    PublishOutcomes,
     PublishResult,
     ShardState,
     Unknown,
+    members,
+    record_type_of,
 )
 from nereus.kernel.rules import OLD_GENERATION, SAME, attempt_rule, rule
 from nereus.kernel.step import Step
@@ -189,6 +193,31 @@ def admission(step: Step, r: PublishAdmission) -> None:
             visible_at_ms=visible_at(message.deliver_at_ms, message.capability),
         )
     )
+
+
+_ADMISSION_TAG: Final = record_type_of(PublishAdmission)
+_OUTCOME_TAG: Final = record_type_of(PublishOutcome)
+
+
+def admissions(step: Step, r: PublishAdmissions) -> None:
+    """A batch of Admissions: each item decided as its own PUBLISH_ADMISSION_V1 would be, at
+    this position, seeing the items before it. An empty batch changes nothing."""
+    if not r.items:
+        return step.applied(Code.UNCHANGED)
+    for index, item in enumerate(members(r)):
+        step.begin_item(index, _ADMISSION_TAG)
+        assert isinstance(item, PublishAdmission)
+        admission(step, item)
+
+
+def outcomes(step: Step, r: PublishOutcomes) -> None:
+    """A batch of outcomes, each recorded as its own PUBLISH_OUTCOME_V1 would be."""
+    if not r.items:
+        return step.applied(Code.UNCHANGED)
+    for index, item in enumerate(members(r)):
+        step.begin_item(index, _OUTCOME_TAG)
+        assert isinstance(item, PublishOutcome)
+        outcome(step, item)
 
 
 def outcome(step: Step, r: PublishOutcome) -> None:

@@ -12,6 +12,7 @@ replay sees the same time as the live run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
@@ -176,6 +177,48 @@ class PublishOutcome(_Tagged, tag="PUBLISH_OUTCOME_V1", frozen=True):
     result: PublishResult
 
 
+class AdmissionItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """One Admission of a batch: the fields of `PublishAdmission` that differ per attempt."""
+
+    message_id: str
+    generation: int
+    version: int
+    attempt_id: str
+    claim_id: str
+    descriptor_hash: str
+    capability: Capability
+    capacity: Capacity
+
+
+class PublishAdmissions(_Tagged, tag="PUBLISH_ADMISSIONS_V1", frozen=True):
+    """The Admissions one worker proposes in one tick, as one record. It means exactly what
+    its `items` would mean as consecutive PUBLISH_ADMISSION_V1 records at this entry's
+    position and persistence time, each with the batch's `owner`, `interval` and `fence_id`
+    (`members` expands it so): the reducer decides per item, and each item gets its own
+    outcome, indexed by its place in the batch."""
+
+    owner: str
+    interval: TrustedInterval
+    items: tuple[AdmissionItem, ...]
+    fence_id: str | None = None
+
+
+class OutcomeItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """One outcome of a batch: the fields of `PublishOutcome`."""
+
+    attempt_id: str
+    message_id: str
+    generation: int
+    result: PublishResult
+
+
+class PublishOutcomes(_Tagged, tag="PUBLISH_OUTCOMES_V1", frozen=True):
+    """Several publish outcomes as one record: the same as its `items` as consecutive
+    PUBLISH_OUTCOME_V1 records at this entry's position (`members`)."""
+
+    items: tuple[OutcomeItem, ...]
+
+
 class ClaimResult(_Tagged, tag="CLAIM_RESULT_V1", frozen=True):
     """A permanent error proven before any send (payload missing, too large for the target):
     it spends one attempt like a permanent NOT_PUBLISHED, but no attempt was admitted."""
@@ -231,6 +274,8 @@ Record = (
     | Cancel
     | PublishAdmission
     | PublishOutcome
+    | PublishAdmissions
+    | PublishOutcomes
     | ClaimResult
     | Expire
     | LaneGate
@@ -239,6 +284,79 @@ Record = (
 )
 
 COMMAND_TYPES = (Schedule, Reschedule, Cancel)
+
+# A batch record stands for several records of one kind (`members`).
+BatchRecord = PublishAdmissions | PublishOutcomes
+
+
+def members(record: Record) -> tuple[Record, ...]:
+    """The records `record` stands for: itself, or the items of a batch expanded into the
+    single records they mean (what the reducer folds, one after another)."""
+    if isinstance(record, PublishAdmissions):
+        owner, interval, fence_id = record.owner, record.interval, record.fence_id
+        return tuple(
+            PublishAdmission(
+                i.message_id,
+                i.generation,
+                i.version,
+                i.attempt_id,
+                i.claim_id,
+                owner,
+                i.descriptor_hash,
+                i.capability,
+                interval,
+                i.capacity,
+                fence_id,
+            )
+            for i in record.items
+        )
+    if isinstance(record, PublishOutcomes):
+        return tuple(
+            PublishOutcome(i.attempt_id, i.message_id, i.generation, i.result) for i in record.items
+        )
+    return (record,)
+
+
+def batched(records: Sequence[Record]) -> Record:
+    """One record for several Admissions of one owner, clock reading and fence (or several
+    outcomes); a single record stays itself. `ValueError` for anything else."""
+    if len(records) == 1:
+        return records[0]
+    if all(isinstance(r, PublishOutcome) for r in records):
+        return PublishOutcomes(
+            tuple(
+                OutcomeItem(r.attempt_id, r.message_id, r.generation, r.result)
+                for r in records
+                if isinstance(r, PublishOutcome)
+            )
+        )
+    admissions = [r for r in records if isinstance(r, PublishAdmission)]
+    if len(admissions) != len(records) or not admissions:
+        raise ValueError("only Admissions or outcomes are batched")
+    first = admissions[0]
+    if any(
+        (a.owner, a.interval, a.fence_id) != (first.owner, first.interval, first.fence_id)
+        for a in admissions
+    ):
+        raise ValueError("a batch of Admissions shares one owner, clock reading and fence")
+    return PublishAdmissions(
+        first.owner,
+        first.interval,
+        tuple(
+            AdmissionItem(
+                a.message_id,
+                a.generation,
+                a.version,
+                a.attempt_id,
+                a.claim_id,
+                a.descriptor_hash,
+                a.capability,
+                a.capacity,
+            )
+            for a in admissions
+        ),
+        first.fence_id,
+    )
 
 
 class LogEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

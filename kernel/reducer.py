@@ -2,7 +2,8 @@
 
 Theory of operation: the reducer is pure and total. It checks the entry's place in the log
 (positions are dense; persistence time never goes backwards), then dispatches on the closed
-record union. Every entry yields exactly one `EntryOutcome` as the first effect. Invalid
+record union. Every entry yields exactly one `EntryOutcome` as the first effect, or, for a
+batch record, one per item, each before that item's effects. Invalid
 input is an outcome, never an exception; an exception means a broken invariant (a bug or a
 corrupt store) and the runtime must halt rather than guess.
 """
@@ -23,7 +24,9 @@ from nereus.kernel.records import (
     LaneGate,
     LogEntry,
     PublishAdmission,
+    PublishAdmissions,
     PublishOutcome,
+    PublishOutcomes,
     Record,
     Reschedule,
     Schedule,
@@ -43,6 +46,8 @@ HANDLERS: Final[dict[type[Record], Callable[[Step, Any], None]]] = {
     Cancel: commands.cancel,
     PublishAdmission: mutations.admission,
     PublishOutcome: mutations.outcome,
+    PublishAdmissions: mutations.admissions,
+    PublishOutcomes: mutations.outcomes,
     ClaimResult: mutations.claim_result,
     Expire: mutations.expire,
     LaneGate: mutations.lane_gate,

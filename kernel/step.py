@@ -62,8 +62,11 @@ class Step:
         "bp_ms",
         "config",
         "counter_deltas",
+        "done",
         "effects",
         "entry",
+        "index",
+        "item_tag",
         "outcome",
         "overlay",
         "position",
@@ -85,6 +88,26 @@ class Step:
         self.counter_deltas: dict[str, int] = {}
         self.effects: list[Effect] = []
         self.outcome: EntryOutcome | None = None
+        # A batch record's items are folded one after another in this one step; each item's
+        # outcome and effects move to `done` when the next item begins (`begin_item`).
+        self.done: list[Effect] | None = None
+        self.index = 0
+        self.item_tag: str | None = None
+
+    def begin_item(self, index: int, tag: str) -> None:
+        """The next item of a batch record (wire tag `tag`) is about to be decided."""
+        self._close_item()
+        self.index = index
+        self.item_tag = tag
+
+    def _close_item(self) -> None:
+        if self.done is None:
+            self.done = []
+        if self.outcome is not None:
+            self.done.append(self.outcome)
+            self.done.extend(self.effects)
+            self.outcome = None
+            self.effects = []
 
     # Reads ---------------------------------------------------------------------------------
 
@@ -267,11 +290,13 @@ class Step:
         attempt_id: str | None,
         evidence: Evidence | None,
     ) -> None:
-        assert self.outcome is None, "an entry gets exactly one outcome"
+        assert self.outcome is None, "an entry (or a batch item) gets exactly one outcome"
         # Positional, in EntryOutcome's field order: once per entry, and msgspec matches
         # keyword arguments to fields one by one.
-        record = self.entry.record
-        tag = _RECORD_TYPES.get(type(record)) or record_type(record)
+        tag = self.item_tag
+        if tag is None:
+            record = self.entry.record
+            tag = _RECORD_TYPES.get(type(record)) or record_type(record)
         if message is None:
             self.outcome = EntryOutcome(
                 self.position,
@@ -285,6 +310,7 @@ class Step:
                 None,
                 attempt_id,
                 evidence,
+                self.index,
             )
         else:
             self.outcome = EntryOutcome(
@@ -299,14 +325,23 @@ class Step:
                 message.deliver_at_ms,
                 attempt_id,
                 evidence,
+                self.index,
             )
 
     def finish(self) -> tuple[State, tuple[Effect, ...]]:
-        assert self.outcome is not None, "handler ended without an outcome"
-        effects = (self.outcome, *self.effects)
-        if self.outcome.code in POSITION_CODES:
-            assert not self.writes, "a position verdict changes nothing"
-            return self.state, effects
+        effects: tuple[Effect, ...]
+        if self.done is not None:
+            self._close_item()
+            assert self.done, "a batch ended without outcomes"
+            effects = tuple(self.done)
+            bp_ms = self.bp_ms
+        else:
+            assert self.outcome is not None, "handler ended without an outcome"
+            effects = (self.outcome, *self.effects)
+            if self.outcome.code in POSITION_CODES:
+                assert not self.writes, "a position verdict changes nothing"
+                return self.state, effects
+            bp_ms = self.bp_ms if self.outcome.code is not Code.PERSISTED_AT_OUT_OF_RANGE else 0
         meta = self.state.meta
         counters = meta.counters
         if self.counter_deltas:
@@ -316,7 +351,6 @@ class Step:
             for name, delta in self.counter_deltas.items():
                 values[_COUNTER_INDEX[name]] += delta
             counters = Counters(*values)
-        bp_ms = self.bp_ms if self.outcome.code is not Code.PERSISTED_AT_OUT_OF_RANGE else 0
         # Every field is set: positional construction, cheaper than replace(**changes).
         last_ms = meta.last_persisted_at_ms
         new_meta = ShardMeta(

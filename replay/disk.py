@@ -51,9 +51,9 @@ def replay_on_disk(
         source = iter(entries)
         while batch := list(islice(source, batch_entries)):
             for entry, effects in store.apply(batch, mirror=False):
-                outcome = effects[0]
-                assert isinstance(outcome, EntryOutcome)
-                counts[str(outcome.code)] += 1
+                for effect in effects:
+                    if isinstance(effect, EntryOutcome):  # one per record, or per batch item
+                        counts[str(effect.code)] += 1
                 if on_entry is not None:
                     on_entry(entry.position)
             folded += len(batch)

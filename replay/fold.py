@@ -75,9 +75,9 @@ def replay(
     counts: Counter[str] = Counter()
 
     def observe(entry: LogEntry, effects: tuple[Effect, ...]) -> None:
-        outcome = effects[0]
-        assert isinstance(outcome, EntryOutcome)
-        counts[str(outcome.code)] += 1
+        for effect in effects:
+            if isinstance(effect, EntryOutcome):  # one per record, or per batch item
+                counts[str(effect.code)] += 1
         if on_entry is not None:
             on_entry(entry.position)
 

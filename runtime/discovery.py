@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from nereus.kernel.keys import lane_id, parse_timeline_key, str_key
 from nereus.kernel.model import Lane, Message, Status, Table, TimelineWork
@@ -48,6 +49,18 @@ def still_matches(message: Message, generation: int, version: int, action_at_ms:
         and message.version == version
         and message.action_at_ms == action_at_ms
     )
+
+
+# Enum members the per-row loops compare against, as module globals: an Enum class attribute
+# goes through EnumType.__getattr__ on Python 3.11 (see kernel/step.py).
+_LANES: Final = Table.LANES
+_MESSAGES: Final = Table.MESSAGES
+_TIMELINE: Final = Table.TIMELINE
+_SCHEDULED: Final = Status.SCHEDULED
+_UNCERTAIN: Final = Status.UNCERTAIN
+_ADMIT: Final = Decision.ADMIT
+_WAIT: Final = Decision.WAIT
+_EXPIRE: Final = Decision.EXPIRE
 
 
 @dataclass
@@ -140,7 +153,7 @@ class Discovery:
 
     def _lane_open(self, view: StoreView, lane: LaneKey, now: ClockReading) -> bool:
         """The lane's gate is open and the lane is READY."""
-        gate = view.get(Table.LANES, str_key(lane_id(*lane)))
+        gate = view.get(_LANES, str_key(lane_id(*lane)))
         if isinstance(gate, Lane) and gate.gate == "CLOSED":
             return False
         return now.now_ms >= self._lane_unready_until.get(lane, 0)
@@ -164,15 +177,14 @@ class Discovery:
             lane = (claim.tenant, claim.queue)
             if lane not in gates:
                 gates[lane] = self._lane_open(view, lane, now)
-            message = view.get(Table.MESSAGES, str_key(claim.message_id))
+            message = view.get(_MESSAGES, str_key(claim.message_id))
             if not (
                 gates[lane]
                 and isinstance(message, Message)
-                and message.status is Status.SCHEDULED
+                and message.status is _SCHEDULED
                 and message.has_work
                 and still_matches(message, claim.generation, claim.version, claim.action_at_ms)
-                and decide(now.interval, message.action_at_ms, message.expire_at_ms)
-                is Decision.ADMIT
+                and decide(now.interval, message.action_at_ms, message.expire_at_ms) is _ADMIT
             ):
                 self.claims.release(claim.message_id, claim.claim_id)
                 continue
@@ -214,14 +226,14 @@ class Discovery:
                 found.note_next(action_at_ms)
                 return True
             found.note_next(action_at_ms)  # when it is due (if it is not claimed now)
-            work = view.get(Table.TIMELINE, key)
+            work = view.get(_TIMELINE, key)
             assert isinstance(work, TimelineWork)
-            if decide(now.interval, action_at_ms, work.expire_at_ms) is not Decision.WAIT:
+            if decide(now.interval, action_at_ms, work.expire_at_ms) is not _WAIT:
                 continue
-            message = view.get(Table.MESSAGES, str_key(mid))
+            message = view.get(_MESSAGES, str_key(mid))
             if not (
                 isinstance(message, Message)
-                and message.status is Status.SCHEDULED
+                and message.status is _SCHEDULED
                 and still_matches(message, generation, work.version, action_at_ms)
                 and accepts(self.destination, message.queue, message.capability)
             ):
@@ -258,13 +270,13 @@ class Discovery:
                 found.lane_cursor[lane] = key
                 found.lane_scanned[lane] = scanned + 1
                 continue
-            work = view.get(Table.TIMELINE, key)
+            work = view.get(_TIMELINE, key)
             assert isinstance(work, TimelineWork)
             decision = decide(now.interval, action_at_ms, work.expire_at_ms)
-            admit = decision is Decision.ADMIT and lane_open
+            admit = decision is _ADMIT and lane_open
             message: Message | None = None
             if admit:
-                row = view.get(Table.MESSAGES, str_key(mid))
+                row = view.get(_MESSAGES, str_key(mid))
                 assert isinstance(row, Message)
                 message = row
                 if not self.claims.permits.available(lane, message.payload_size):
@@ -272,7 +284,7 @@ class Discovery:
                     break  # not examined: the next visit (or tick) starts here
             found.lane_cursor[lane] = key
             found.lane_scanned[lane] = scanned + 1
-            if decision is Decision.EXPIRE:
+            if decision is _EXPIRE:
                 found.proposed.add(mid)
                 found.proposals.append((Expire(mid, generation, work.version, now.interval), None))
                 served += 1
@@ -297,7 +309,7 @@ class Discovery:
     def _propose_due(self, view: StoreView, message: Message, now: ClockReading) -> Record | None:
         """The proposal for a due message: its Admission, or a claim result proving a
         permanent pre-send error. None while an uncertain retry waits for its look."""
-        if message.status is Status.UNCERTAIN and not self._retry_checked(view, message):
+        if message.status is _UNCERTAIN and not self._retry_checked(view, message):
             return None
         if not accepts(self.destination, message.queue, message.capability):
             return ClaimResult(

@@ -1,7 +1,8 @@
 """The effects runner: what the runtime does with the entries one commit folded, in order.
 
 Theory of operation: the shard log hands back every folded entry with its effects only after
-the fold is durable, so everything here may act. For each entry, in log order: its outcome
+the fold is durable, so everything here may act. For each entry, in log order, and for each
+item of a batch entry (`kernel.effects.split`), in item order: its outcome
 is counted (`runtime.tally`); a recorded `lane_unavailable` outcome makes its lane not READY
 for a while; a folded DEAD_LETTER_WRITTEN_V1 ends the writing of that copy; then the entry's
 effects, in the order the kernel gave them:
@@ -27,6 +28,7 @@ from nereus.kernel.effects import (
     Publish,
     RevokeClaim,
     TimelinePut,
+    split,
 )
 from nereus.kernel.keys import str_key
 from nereus.kernel.model import Message, Table
@@ -68,18 +70,18 @@ class EffectsRunner:
         outcomes: dict[int, EntryOutcome] = {}
         tally = Tally(self.log, recovered)
         for entry, effects in results:
-            outcome = effects[0]
-            assert isinstance(outcome, EntryOutcome)
-            outcomes[entry.position] = outcome
-            tally.entry(entry, outcome)
-            record = entry.record
-            if isinstance(record, PublishOutcome):
-                if outcome.applied:
-                    self._outcome_recorded(record, now_ms)
-            elif isinstance(record, DeadLetterWritten):
-                self.dead_letters.recorded(record)
-            for effect in effects[1:]:
-                self._act(effect, recovered)
+            first = effects[0]
+            assert isinstance(first, EntryOutcome)
+            outcomes[entry.position] = first
+            for record, outcome, rest in split(entry.record, effects):
+                tally.entry(record, outcome)
+                if isinstance(record, PublishOutcome):
+                    if outcome.applied:
+                        self._outcome_recorded(record, now_ms)
+                elif isinstance(record, DeadLetterWritten):
+                    self.dead_letters.recorded(record)
+                for effect in rest:
+                    self._act(effect, recovered)
         tally.write(self.metrics)
         return outcomes
 

@@ -38,6 +38,7 @@ from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import parse_timeline_key
 from nereus.kernel.model import Message, Status
 from nereus.kernel.records import PublishOutcome
+from nereus.runtime.batching import batch_runs
 from nereus.runtime.claims import ClaimTable
 from nereus.runtime.clock import ClockReading, ClockSource, read_clock
 from nereus.runtime.config import RuntimeConfig
@@ -288,12 +289,15 @@ class ShardRuntime:
 
     def _commit(self, tick: _Tick) -> None:
         env = self.store.env
+        items, where = batch_runs(tick.items)
         entries, results = self.shard_log.commit(
-            tick.items, tick.now.now_ms, lambda txn: self.claims.flush(txn, env.claims)
+            items, tick.now.now_ms, lambda txn: self.claims.flush(txn, env.claims)
         )
         outcomes = self.effects.run(results, tick.now.now_ms, recovered=self._recovered)
         for future, start in tick.waiters:
-            future._set([outcomes[e.position] for e in entries[start : start + future.count]])
+            # Commands are never batched: each is the entry at its own index.
+            positions = [entries[where[i]].position for i in range(start, start + future.count)]
+            future._set([outcomes[p] for p in positions])
 
     def _send(self, tick: _Tick, after: ClockReading) -> None:
         """Hand the admitted attempts whose send gate the reading opens to the destination,

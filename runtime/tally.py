@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import timeline_key
-from nereus.kernel.records import LogEntry, PublishAdmission, Published, PublishOutcome
+from nereus.kernel.records import PublishAdmission, Published, PublishOutcome, Record
 from nereus.kernel.timing import TrustedInterval
 from nereus.runtime.log import Logger
 from nereus.runtime.metrics import LabelKey, Metrics
@@ -39,9 +39,9 @@ class Tally:
         series = (name, labels)
         self.counts[series] = self.counts.get(series, 0) + 1
 
-    def entry(self, entry: LogEntry, outcome: EntryOutcome) -> None:
+    def entry(self, record: Record, outcome: EntryOutcome) -> None:
+        """One folded record (or batch item) and its outcome."""
         self.count("nereus_entries_total", ("code", outcome.code), ("type", outcome.record_type))
-        record = entry.record
         if isinstance(record, PublishOutcome):
             if outcome.applied:
                 self._outcome(record, outcome)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.digest import state_digest
-from nereus.kernel.effects import DeadLetter, Effect, EntryOutcome
+from nereus.kernel.effects import DeadLetter, Effect, EntryOutcome, split
 from nereus.kernel.invariants import check as invariant_violations
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
@@ -186,74 +186,79 @@ def _walk_log(
     a: Audit,
 ) -> None:
     for entry in entries:
-        outcome = effects[entry.position][0]
-        assert isinstance(outcome, EntryOutcome)
-        record, pos = entry.record, entry.position
+        pos = entry.position
         true_ms = seen.committed_at.get(pos)
         if true_ms is None:
             a.fail(f"position {pos} is in the log but was never seen committed")
             continue
-        a.figures[f"code_{outcome.code}"] += 1
-        for effect in effects[entry.position][1:]:
-            if isinstance(effect, DeadLetter):
-                key = (effect.message_id, effect.generation)
-                if key in a.dead_lettered:
-                    a.fail(f"{key[0]}.{key[1]} dead-lettered twice")
-                a.dead_lettered[key] = (pos, effect)
-        if isinstance(record, PublishOutcome):
-            _reach_outcome(record, outcome.applied, a)
-        if not outcome.applied:
-            continue
-        if pos in seen.committed_unsynced and isinstance(record, PublishAdmission | Expire):
-            a.fail(f"position {pos}: {outcome.code} while the clock was unsynchronised")
-        match record:
-            case Schedule() | Reschedule() if outcome.code in (Code.SCHEDULED, Code.RESCHEDULED):
-                deliver, expire = timing(record, entry.persisted_at_ms, config)
-                mid = message_id(record.tenant, record.queue, record.timer_key)
-                assert outcome.generation is not None
-                if outcome.deliver_at_ms != deliver:
-                    a.fail(f"position {pos}: deliverAt {outcome.deliver_at_ms}, spec {deliver}")
-                _check_v1_timing(pos, entry.persisted_at_ms, deliver, expire, config=config, a=a)
-                a.gens[(mid, outcome.generation)] = Generation(
-                    mid, outcome.generation, deliver, expire, pos
-                )
-            case PublishAdmission() if outcome.code is Code.ADMITTED:
-                gen = a.gens.get((record.message_id, record.generation))
-                if gen is None:
-                    a.fail(f"position {pos}: Admission of a generation never scheduled")
-                    continue
-                a.admitted[record.attempt_id] = (pos, record.message_id, record.generation)
-                if true_ms < gen.deliver_at_ms:
-                    a.fail(
-                        f"attempt {record.attempt_id} admitted at true {true_ms} before "
-                        f"deliverAt {gen.deliver_at_ms}"
+        # A batch entry is audited item by item, as the records its items stand for.
+        for record, outcome, rest in split(entry.record, effects[pos]):
+            a.figures[f"code_{outcome.code}"] += 1
+            for effect in rest:
+                if isinstance(effect, DeadLetter):
+                    key = (effect.message_id, effect.generation)
+                    if key in a.dead_lettered:
+                        a.fail(f"{key[0]}.{key[1]} dead-lettered twice")
+                    a.dead_lettered[key] = (pos, effect)
+            if isinstance(record, PublishOutcome):
+                _reach_outcome(record, outcome.applied, a)
+            if not outcome.applied:
+                continue
+            if pos in seen.committed_unsynced and isinstance(record, PublishAdmission | Expire):
+                a.fail(f"position {pos}: {outcome.code} while the clock was unsynchronised")
+            match record:
+                case Schedule() | Reschedule() if outcome.code in (
+                    Code.SCHEDULED,
+                    Code.RESCHEDULED,
+                ):
+                    deliver, expire = timing(record, entry.persisted_at_ms, config)
+                    mid = message_id(record.tenant, record.queue, record.timer_key)
+                    assert outcome.generation is not None
+                    if outcome.deliver_at_ms != deliver:
+                        a.fail(f"position {pos}: deliverAt {outcome.deliver_at_ms}, spec {deliver}")
+                    _check_v1_timing(
+                        pos, entry.persisted_at_ms, deliver, expire, config=config, a=a
                     )
-                if true_ms >= gen.expire_at_ms:
-                    a.fail(f"attempt {record.attempt_id} admitted at/after expireAt")
-                _check_admission_evidence(record, entry.persisted_at_ms, gen, a)
-            case PublishOutcome():
-                _outcome(record, pos, a)
-            case DeadLetterWritten():
-                _copy_recorded(record, pos, a)
-            case Expire():
-                gen = a.gens.get((record.message_id, record.generation))
-                if gen is None:
-                    a.fail(f"position {pos}: expiry of a generation never scheduled")
-                    continue
-                if true_ms < gen.expire_at_ms:
-                    a.fail(
-                        f"{record.message_id}.{record.generation} {outcome.code} at true "
-                        f"{true_ms} before expireAt {gen.expire_at_ms}"
+                    a.gens[(mid, outcome.generation)] = Generation(
+                        mid, outcome.generation, deliver, expire, pos
                     )
-                if min(record.interval.earliest_ms, entry.persisted_at_ms) < gen.expire_at_ms:
-                    a.fail(
-                        f"position {pos}: {outcome.code} on evidence earliest "
-                        f"{record.interval.earliest_ms} / persisted {entry.persisted_at_ms} "
-                        f"before expireAt {gen.expire_at_ms}"
-                    )
-                a.figures[f"expiry_{outcome.code}"] += 1
-            case _:
-                pass
+                case PublishAdmission() if outcome.code is Code.ADMITTED:
+                    gen = a.gens.get((record.message_id, record.generation))
+                    if gen is None:
+                        a.fail(f"position {pos}: Admission of a generation never scheduled")
+                        continue
+                    a.admitted[record.attempt_id] = (pos, record.message_id, record.generation)
+                    if true_ms < gen.deliver_at_ms:
+                        a.fail(
+                            f"attempt {record.attempt_id} admitted at true {true_ms} before "
+                            f"deliverAt {gen.deliver_at_ms}"
+                        )
+                    if true_ms >= gen.expire_at_ms:
+                        a.fail(f"attempt {record.attempt_id} admitted at/after expireAt")
+                    _check_admission_evidence(record, entry.persisted_at_ms, gen, a)
+                case PublishOutcome():
+                    _outcome(record, pos, a)
+                case DeadLetterWritten():
+                    _copy_recorded(record, pos, a)
+                case Expire():
+                    gen = a.gens.get((record.message_id, record.generation))
+                    if gen is None:
+                        a.fail(f"position {pos}: expiry of a generation never scheduled")
+                        continue
+                    if true_ms < gen.expire_at_ms:
+                        a.fail(
+                            f"{record.message_id}.{record.generation} {outcome.code} at true "
+                            f"{true_ms} before expireAt {gen.expire_at_ms}"
+                        )
+                    if min(record.interval.earliest_ms, entry.persisted_at_ms) < gen.expire_at_ms:
+                        a.fail(
+                            f"position {pos}: {outcome.code} on evidence earliest "
+                            f"{record.interval.earliest_ms} / persisted {entry.persisted_at_ms} "
+                            f"before expireAt {gen.expire_at_ms}"
+                        )
+                    a.figures[f"expiry_{outcome.code}"] += 1
+                case _:
+                    pass
 
 
 def _check_v1_timing(

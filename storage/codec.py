@@ -46,19 +46,79 @@ def unframe(data: bytes, path: str, where: str) -> bytes:
     return data[4:]
 
 
+class _Memo:
+    """Decoded rows by their stored bytes, for one table: decoding is a pure function of the
+    bytes, so a row read again unchanged (a message read by discovery, then by the fold of its
+    Admission, then by the fold of its outcome) is checked and decoded once, and a row this
+    process wrote is never decoded at all. No snapshot can see a wrong value through it: a
+    row is answered from here only when its bytes equal bytes that were checked (or made
+    here). Rows are filed under their checksum, which every stored value starts with, so a
+    lookup hashes four bytes, not the row. Two generations bound it: when the young one is
+    full it becomes the old one, and the old one is dropped, so a row used in the last `rows`
+    lookups or writes stays, at a cost of at most 2 * `rows` entries."""
+
+    __slots__ = ("old", "rows", "young")
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.young: dict[int, tuple[bytes, Value]] = {}
+        self.old: dict[int, tuple[bytes, Value]] = {}
+
+    def get(self, data: bytes) -> Value | None:
+        crc = int.from_bytes(data[:4], "big")
+        found = self.young.get(crc)
+        if found is None:
+            found = self.old.get(crc)
+            if found is None:
+                return None
+            self._put(crc, found)
+        return found[1] if found[0] == data else None
+
+    def put(self, data: bytes, value: Value) -> None:
+        self._put(int.from_bytes(data[:4], "big"), (data, value))
+
+    def _put(self, crc: int, row: tuple[bytes, Value]) -> None:
+        young = self.young
+        if len(young) >= self.rows:
+            self.old = young
+            young = self.young = {}
+        young[crc] = row
+
+
+# Per table; 4,096 rows a generation covers the rows a fire touches between two reads of
+# them (a tick admits at most a few hundred) at a few MB.
+MEMO_ROWS = 4096
+_MEMOS: dict[Table, _Memo] = {table: _Memo(MEMO_ROWS) for table in VALUE_TYPES}
+
+
 def encode_value(value: Value | msgspec.Struct) -> bytes:
     return frame(_encoder.encode(value))
 
 
+def encode_row(table: Table, value: Value) -> bytes:
+    """A table row's stored bytes; the value is remembered for reads of those bytes."""
+    body = _encoder.encode(value)
+    crc = zlib.crc32(body)
+    data = crc.to_bytes(4, "big") + body
+    _MEMOS[table]._put(crc, (data, value))
+    return data
+
+
 def decode_value(table: Table, data: bytes, path: str, key: bytes) -> Value:
+    memo = _MEMOS[table]
+    found = memo.get(data)
+    if found is not None:
+        return found
     # The row is named only when something is wrong: the hot read path pays no formatting.
     error = _checksum_error(data)
     if error is None:
         try:
             value: Value = _DECODERS[table].decode(data[4:])
-            return value
         except msgspec.MsgspecError as exc:
             error = f"undecodable {table.value} row: {exc}"
+        else:
+            memo.put(data, value)
+            return value
     raise CorruptRecord(path, error, f"table {table.value}, key {key.hex()}")
 
 

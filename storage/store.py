@@ -29,7 +29,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import Effect
@@ -44,6 +44,7 @@ from nereus.storage.codec import (
     decode_struct,
     decode_value,
     encode_entry,
+    encode_row,
     encode_value,
     key_position,
     lane_index_key,
@@ -70,6 +71,13 @@ from nereus.storage.schema import (
 Applied = tuple[LogEntry, tuple[Effect, ...]]
 MAX_KEY_BYTES = 511  # LMDB's default compile-time key size limit
 Appendable = tuple[Record, bytes | None]
+
+
+# Tables the write path compares against on every row, as module globals: an Enum class
+# attribute goes through EnumType.__getattr__ on Python 3.11 (see kernel/step.py).
+_TIMELINE: Final = Table.TIMELINE
+_MESSAGES: Final = Table.MESSAGES
+_PAYLOADS: Final = Table.PAYLOADS
 
 
 class ShardStore:
@@ -365,7 +373,7 @@ class ShardStore:
                 raise ValueError("payload bytes do not match the schedule's payload_digest")
             if len(payload) != record.payload_size:
                 raise ValueError("payload size does not match the schedule's payload_size")
-        existing = txn.get(key, db=self._env.payload_bytes)
+        existing = txn.get(key, None, self._env.payload_bytes)
         if existing is not None:
             blob = decode_struct(
                 PayloadBlob, existing, self._env.data_file, f"payload {record.payload_digest}"
@@ -520,7 +528,7 @@ class ShardStore:
                     self._index_lane(txn, key, value)
                 elif table is Table.MESSAGES:
                     self._index_timer(txn, key, value)
-                txn.put(key, encode_value(value), db=env.tables[table])
+                txn.put(key, encode_row(table, value), db=env.tables[table])
         return len(batch)
 
     def _at(self, step: str) -> None:
@@ -541,17 +549,22 @@ class ShardStore:
         """Writes the overlay; returns the payload digests whose reference row was deleted."""
         released: set[bytes] = set()
         tables = self._env.tables
+        # A cursor's put takes no keyword arguments: half the cost of `txn.put(..., db=)`.
+        cursors: dict[Table, Any] = {}
         for table, key, value in state.changes():
-            if table is Table.TIMELINE:
+            if table is _TIMELINE:
                 self._index_lane(txn, key, value)
-            elif table is Table.MESSAGES:
+            elif table is _MESSAGES:
                 self._index_timer(txn, key, value)
             if value is None:
                 txn.delete(key, db=tables[table])
-                if table is Table.PAYLOADS:
+                if table is _PAYLOADS:
                     released.add(key)
             else:
-                txn.put(key, encode_value(value), db=tables[table])
+                cursor = cursors.get(table)
+                if cursor is None:
+                    cursor = cursors[table] = txn.cursor(tables[table])
+                cursor.put(key, encode_row(table, value))
         return released
 
     def _index_lane(self, txn: Any, key: bytes, value: Value | None) -> None:
@@ -559,10 +572,10 @@ class ShardStore:
         scheduler can find each lane's head without walking other lanes' work)."""
         env = self._env
         if value is None:
-            raw = txn.get(key, db=env.tables[Table.TIMELINE])
+            raw = txn.get(key, None, env.tables[_TIMELINE])
             if raw is None:
                 return
-            old = decode_value(Table.TIMELINE, raw, env.data_file, key)
+            old = decode_value(_TIMELINE, raw, env.data_file, key)
             assert isinstance(old, TimelineWork)
             txn.delete(lane_index_key(old.tenant, old.queue, key), db=env.lane_timeline)
         else:
@@ -574,10 +587,10 @@ class ShardStore:
         live timers in timer-key order, for listing without walking other queues)."""
         env = self._env
         if value is None:
-            raw = txn.get(key, db=env.tables[Table.MESSAGES])
+            raw = txn.get(key, None, env.tables[_MESSAGES])
             if raw is None:
                 return
-            value = decode_value(Table.MESSAGES, raw, env.data_file, key)
+            value = decode_value(_MESSAGES, raw, env.data_file, key)
             assert isinstance(value, Message)
             txn.delete(
                 timer_index_key(value.tenant, value.queue, value.timer_key), db=env.timer_index
@@ -588,7 +601,7 @@ class ShardStore:
         if value.status in LIVE_STATUSES:
             # A live timer changing state keeps its entry: rewriting it would still copy
             # and sync its page.
-            if txn.get(index_key, db=env.timer_index) != key:
+            if txn.get(index_key, None, env.timer_index) != key:
                 txn.put(index_key, key, db=env.timer_index)
         else:
             txn.delete(index_key, db=env.timer_index)
@@ -604,9 +617,9 @@ class ShardStore:
         )
         env = self._env
         for key in candidates:
-            if txn.get(key, db=env.tables[Table.PAYLOADS]) is not None:
+            if txn.get(key, None, env.tables[_PAYLOADS]) is not None:
                 continue
-            raw = txn.get(key, db=env.payload_bytes)
+            raw = txn.get(key, None, env.payload_bytes)
             if raw is None:
                 continue
             blob = decode_struct(PayloadBlob, raw, env.data_file, f"payload {key.decode()}")

@@ -7,6 +7,7 @@ every step's effects, and checks the invariants after each step.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nereus import kernel as k
@@ -48,6 +49,11 @@ def schedule(
 
 def mid(key: str = "k1", tenant: str = TENANT, queue: str = QUEUE) -> str:
     return k.message_id(tenant, queue, key)
+
+
+def records(entries: Iterable[k.LogEntry]) -> list[k.Record]:
+    """The records a log holds, each batch record as the single records its items mean."""
+    return [r for e in entries for r in k.members(e.record)]
 
 
 def interval_at(now_ms: int, error_ms: int = 5) -> k.TrustedInterval:

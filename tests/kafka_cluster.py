@@ -41,6 +41,7 @@ from nereus.kernel.records import (
     PublishOutcome,
     Schedule,
     Unknown,
+    members,
 )
 from nereus.replay.fold import replay
 from nereus.runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_MESSAGE_ID, H_PRODUCER
@@ -387,14 +388,14 @@ def audit(
         a.by_message.setdefault(r.message_id, []).append(r)
     for logged in logs.values():
         for x in logged:
-            record = x.entry.record
             tenure = x.envelope.request_id.partition(":")[0]
-            if isinstance(record, PublishAdmission):
-                a.admitted_by[record.attempt_id] = tenure
-            elif isinstance(record, PublishOutcome):
-                a.resolved_by.setdefault(record.attempt_id, tenure)
-                if isinstance(record.result, Unknown):
-                    a.unknown_generations.add((record.message_id, record.generation))
+            for record in members(x.entry.record):
+                if isinstance(record, PublishAdmission):
+                    a.admitted_by[record.attempt_id] = tenure
+                elif isinstance(record, PublishOutcome):
+                    a.resolved_by.setdefault(record.attempt_id, tenure)
+                    if isinstance(record.result, Unknown):
+                        a.unknown_generations.add((record.message_id, record.generation))
     return a
 
 
@@ -501,19 +502,19 @@ def recovery_figures(a: Audit, killed: set[str], since_ms: int) -> RecoveryFigur
     last_ms = since_ms
     for logged in a.logs.values():
         for x in logged:
-            record = x.entry.record
-            if not isinstance(record, PublishOutcome) or record.attempt_id not in handed:
-                continue
             if x.envelope.request_id.partition(":")[0] in killed:
                 continue
-            last_ms = max(last_ms, x.entry.persisted_at_ms)
-            if isinstance(record.result, Unknown):
-                unknown += 1
-            elif isinstance(record.result, NotPublished):
-                assert record.result.proof is not None, record
-                absent += 1
-            else:
-                found += 1
+            for record in members(x.entry.record):
+                if not isinstance(record, PublishOutcome) or record.attempt_id not in handed:
+                    continue
+                last_ms = max(last_ms, x.entry.persisted_at_ms)
+                if isinstance(record.result, Unknown):
+                    unknown += 1
+                elif isinstance(record.result, NotPublished):
+                    assert record.result.proof is not None, record
+                    absent += 1
+                else:
+                    found += 1
     new = [
         r.timestamp_ms
         for r in a.records

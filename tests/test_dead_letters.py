@@ -46,6 +46,7 @@ from nereus.runtime.destination import (
 )
 from nereus.runtime.prepare import H_DLQ_PAYLOAD_OMITTED
 from nereus.storage.memory import MemoryStore
+from tests.builders import records
 from tests.runtime_harness import T0_MS, CrashBeforeWrite, Harness
 
 KERNEL = KernelConfig()
@@ -96,7 +97,7 @@ def _owed(h: Harness) -> dict[bytes, DeadLetterPending]:
 
 
 def _recorded(h: Harness) -> list[DeadLetterWritten]:
-    return [e.record for e in h.log() if isinstance(e.record, DeadLetterWritten)]
+    return [r for r in records(h.log()) if isinstance(r, DeadLetterWritten)]
 
 
 def _copies(h: Harness) -> list[LocalRecord]:

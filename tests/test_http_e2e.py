@@ -27,6 +27,7 @@ from nereus.adapters.local.destination import LocalDestination, LocalRecord
 from nereus.kernel.keys import message_id
 from nereus.kernel.records import PublishAdmission
 from tests import http_harness
+from tests.builders import records
 
 QUEUE = http_harness.QUEUE
 
@@ -136,9 +137,9 @@ def test_cancel_before_the_fire_wins_and_nothing_is_delivered(service: Service) 
     status, peek = service.json("GET", _path("doomed/1"))
     assert peek["found"] is True and peek["status"] == "CANCELED" and peek["attempts"] == 0
     admitted = {
-        e.record.message_id
-        for e in service.nereus.store.iter_log()
-        if isinstance(e.record, PublishAdmission)
+        r.message_id
+        for r in records(service.nereus.store.iter_log())
+        if isinstance(r, PublishAdmission)
     }
     assert doomed["messageId"] not in admitted
 

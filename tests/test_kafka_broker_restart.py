@@ -47,6 +47,7 @@ from nereus.kernel.records import NotPublished, Published, PublishOutcome, Unkno
 from nereus.runtime.destination import H_DELIVER_AT
 from nereus.runtime.shard import ShardRuntime
 from nereus.storage.store import ShardStore
+from tests.builders import records
 from tests.kafka_cluster import DestRecord, read_destination
 from tests.kafka_env import create_topic, unique_topic
 from tests.own_broker import Broker, own_broker_fixture
@@ -97,9 +98,9 @@ def read_ledger(store: ShardStore) -> Ledger:
             if isinstance(value, Attempt):
                 attempts[key.decode()] = value
     outcomes: dict[str, list[PublishOutcome]] = {}
-    for entry in store.iter_log():
-        if isinstance(entry.record, PublishOutcome):
-            outcomes.setdefault(entry.record.attempt_id, []).append(entry.record)
+    for record in records(store.iter_log()):
+        if isinstance(record, PublishOutcome):
+            outcomes.setdefault(record.attempt_id, []).append(record)
     return Ledger(messages, attempts, outcomes)
 
 

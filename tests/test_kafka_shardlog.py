@@ -42,7 +42,7 @@ from nereus.adapters.kafka.wire import shard_for
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import AttemptStatus
-from nereus.kernel.records import PublishAdmission, ShardState
+from nereus.kernel.records import PublishAdmission, ShardState, members
 from nereus.runtime.shardlog import ShardLost
 from nereus.storage.store import ShardStore
 from tests import kafka_env
@@ -360,8 +360,9 @@ def test_a_zombie_owner_is_fenced_and_sends_nothing_after_waking(
     admitted: dict[str, tuple[str, int]] = {}
     for logged in audit_.logs.values():
         for x in logged:
-            if isinstance(x.entry.record, PublishAdmission):
-                admitted[x.entry.record.attempt_id] = (tenure(x), x.entry.persisted_at_ms)
+            for record in members(x.entry.record):
+                if isinstance(record, PublishAdmission):
+                    admitted[record.attempt_id] = (tenure(x), x.entry.persisted_at_ms)
     for r in audit_.records:
         by, admitted_at_ms = admitted[r.attempt_id]
         if by in zombie_tenures and r.timestamp_ms > t_cont_ms:

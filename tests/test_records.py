@@ -53,6 +53,12 @@ ADMISSION = k.PublishAdmission(
     interval_at(T0_MS),
     k.Capacity(True, lane_permits=3, bytes_reserved=1_024),
 )
+ADMISSION_2 = msgspec.structs.replace(
+    ADMISSION,
+    message_id=mid("k2"),
+    attempt_id=f"{mid('k2')}.1.1",
+    capability=k.Capability("delayed_handoff", 500, 200),
+)
 PUBLISHED = k.PublishOutcome(AID, mid(), 1, published(42))
 NOT_PUBLISHED = k.PublishOutcome(AID, mid(), 1, not_published("permanent", "e"))
 GATE = k.LaneGate("acme", "q", "CLOSED", "maintenance")
@@ -79,6 +85,10 @@ SAMPLES: tuple[tuple[str, k.Record], ...] = (
         "DEAD_LETTER_WRITTEN_V1",
         k.DeadLetterWritten(mid(), 3, k.Evidence("q.dlq", 2, 17, T0_MS + 9)),
     ),
+    ("PUBLISH_ADMISSIONS_V1", k.batched([ADMISSION, ADMISSION_2])),
+    ("PUBLISH_ADMISSIONS_V1", k.PublishAdmissions("node-a", interval_at(T0_MS), (), "tx-1")),
+    ("PUBLISH_OUTCOMES_V1", k.batched([PUBLISHED, NOT_PUBLISHED])),
+    ("PUBLISH_OUTCOMES_V1", k.PublishOutcomes(())),
 )
 
 

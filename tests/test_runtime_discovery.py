@@ -29,6 +29,7 @@ from nereus.kernel.records import (
     ShardState,
 )
 from nereus.kernel.timing import TrustedInterval
+from tests.builders import records
 from tests.runtime_harness import T0_MS, Harness
 
 ERROR_MS = 5
@@ -292,7 +293,7 @@ def test_admissions_are_proposed_once_per_message(tmp_path: Path) -> None:
         h.schedule(f"k{i}", delay_ms=0)
     h.clock.advance(ERROR_MS)
     h.tick()
-    admissions = [e.record for e in h.log() if isinstance(e.record, PublishAdmission)]
+    admissions = [r for r in records(h.log()) if isinstance(r, PublishAdmission)]
     assert len(admissions) == 50
     assert len({a.message_id for a in admissions}) == 50
     h.tick(2)

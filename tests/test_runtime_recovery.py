@@ -28,6 +28,7 @@ from nereus.kernel.records import Evidence, NotPublished, Published, PublishOutc
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Fence, FinishedSearch, Lookup, Search, SearchOutcome
 from nereus.storage.store import ShardStore
+from tests.builders import records
 from tests.runtime_harness import T0_MS, CrashBeforeWrite, Harness
 
 ERROR_MS = 5
@@ -40,9 +41,7 @@ def _clock() -> SimulatedClock:
 
 def _outcomes(h: Harness, attempt_id: str) -> list[PublishOutcome]:
     return [
-        e.record
-        for e in h.log()
-        if isinstance(e.record, PublishOutcome) and e.record.attempt_id == attempt_id
+        r for r in records(h.log()) if isinstance(r, PublishOutcome) and r.attempt_id == attempt_id
     ]
 
 
@@ -112,8 +111,8 @@ def test_admitted_but_unsent_attempts_become_unknown_and_the_uncertain_retry_del
     retries = h.sends[sent_before:]
     assert len(retries) == len(keys)
     assert not {s.attempt_id for s in retries} & set(first)
-    records = h.delivered()
-    assert sorted(r.message_id for r in records) == sorted(h.message(k).message_id for k in keys)
+    delivered = h.delivered()
+    assert sorted(r.message_id for r in delivered) == sorted(h.message(k).message_id for k in keys)
     for key, attempt_id in zip(keys, first, strict=True):
         m = h.message(key)
         assert m.status is Status.DELIVERED, key
@@ -121,7 +120,7 @@ def test_admitted_but_unsent_attempts_become_unknown_and_the_uncertain_retry_del
         assert old.attempt_id == attempt_id and old.status is AttemptStatus.UNKNOWN
         assert new.status is AttemptStatus.PUBLISHED
         assert m.evidence is not None and new.evidence == m.evidence
-        (record,) = [r for r in records if r.message_id == m.message_id]
+        (record,) = [r for r in delivered if r.message_id == m.message_id]
         assert record.attempt_id == new.attempt_id
         assert record.payload == key.encode()
         assert record.delivered_at_ms >= record.deliver_at_ms == m.deliver_at_ms
@@ -132,9 +131,9 @@ def test_admitted_but_unsent_attempts_become_unknown_and_the_uncertain_retry_del
     h.tick(5)
     assert len(h.delivered()) == len(keys)
     assert not [
-        e
-        for e in h.log()
-        if isinstance(e.record, PublishOutcome) and isinstance(e.record.result, NotPublished)
+        r
+        for r in records(h.log())
+        if isinstance(r, PublishOutcome) and isinstance(r.result, NotPublished)
     ]
     assert not h.problems, h.problems
     h.close()
@@ -178,9 +177,9 @@ def test_an_attempt_written_before_the_crash_is_resolved_published_by_evidence(
 
 def _outcomes_in(store: ShardStore, attempt_id: str) -> list[PublishOutcome]:
     return [
-        e.record
-        for e in store.iter_log()
-        if isinstance(e.record, PublishOutcome) and e.record.attempt_id == attempt_id
+        r
+        for r in records(store.iter_log())
+        if isinstance(r, PublishOutcome) and r.attempt_id == attempt_id
     ]
 
 

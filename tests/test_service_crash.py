@@ -49,6 +49,7 @@ from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from nereus.kernel.records import PublishOutcome, Unknown
 from nereus.replay.fold import replay
 from nereus.storage.store import ShardStore
+from tests.builders import records as log_records
 from tests.seeds import seed_from_env
 from tests.service_worker import MARKER_PREFIX, OUTCOMES, QUEUES
 from tests.worker_process import wait_ready
@@ -135,9 +136,9 @@ def _check(data: Path, seed: int) -> dict[str, int]:
         assert result.digest == live_digest, f"{where}: the store differs from its log's replay"
 
         ever_unknown = {
-            e.record.attempt_id
-            for e in entries
-            if isinstance(e.record, PublishOutcome) and isinstance(e.record.result, Unknown)
+            r.attempt_id
+            for r in log_records(entries)
+            if isinstance(r, PublishOutcome) and isinstance(r.result, Unknown)
         }
         with store.read() as view:
             messages = {

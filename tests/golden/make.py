@@ -24,7 +24,7 @@ import msgspec
 from nereus.kernel.digest import state_digest
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.model import Message, Table
-from nereus.kernel.records import LogEntry, NotPublished, PublishOutcome, Record
+from nereus.kernel.records import LogEntry, NotPublished, PublishOutcome, Record, members
 from nereus.replay.fold import obligations
 from nereus.sim.world import World
 from nereus.storage.jsonl import LOG_VERSION, export_log
@@ -45,9 +45,10 @@ def kinds_in(entries: list[LogEntry]) -> Counter[str]:
     """How often each record tag and each outcome kind occurs."""
     found: Counter[str] = Counter()
     for entry in entries:
-        record = entry.record
-        found[str(type(record).__struct_config__.tag)] += 1
-        if isinstance(record, PublishOutcome):
+        found[str(type(entry.record).__struct_config__.tag)] += 1
+        for record in members(entry.record):
+            if not isinstance(record, PublishOutcome):
+                continue
             result = record.result
             found[str(type(result).__struct_config__.tag)] += 1
             if isinstance(result, NotPublished) and result.proof is not None:
@@ -60,9 +61,8 @@ def expectations(store: ShardStore, entries: list[LogEntry]) -> dict[str, Any]:
     codes: list[str] = []
 
     def keep(_entry: LogEntry, effects: tuple[Any, ...]) -> None:
-        outcome = effects[0]
-        assert isinstance(outcome, EntryOutcome)
-        codes.append(str(outcome.code))
+        # One outcome per record, or per item of a batch record.
+        codes.extend(str(e.code) for e in effects if isinstance(e, EntryOutcome))
 
     memory = MemoryStore(store.config)
     memory.feed(entries, keep)
