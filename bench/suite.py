@@ -41,6 +41,7 @@ NAMES = (
     "http_api",
     "storage_apply",
     "kafka_fire",
+    "kafka_processes",
     "pulsar_fire",
     "recovery",
     "cost",
@@ -58,6 +59,8 @@ ORDER = (
     "memory_hwm",
     "durable_1000",
     "kafka_publish",
+    "kafka_processes_fire",
+    "kafka_processes_intake",
     "lag_p99",
     "lag_p50",
     "early",
@@ -484,6 +487,28 @@ class Skipped(Exception):
     pass
 
 
+def _kafka_processes(s: Settings, figs: dict[str, Figure]) -> Any:
+    if not s.kafka_bootstrap:
+        for f in figs.values():
+            f.note = "NEREUS_KAFKA_BOOTSTRAP is not set (nor --kafka-bootstrap)"
+        raise Skipped("no broker")
+    from bench import kafka_processes  # noqa: PLC0415  (late: see Bench)
+
+    r = kafka_processes.run(s.kafka_bootstrap, [1, 2], s.kafka_timers, 4)
+    one, two = r["rows"]
+    for fid, key in (("kafka_processes_fire", "fired_per_s"), ("kafka_processes_intake",
+                                                              "intake_per_s")):  # fmt: skip
+        f = figs[fid]
+        f.value, f.baseline = two[key], one[key]
+        f.ratio = round(two[key] / one[key], 2) if two[key] and one[key] else None
+        f.met = f.ratio is not None and f.ratio >= 1.6
+        f.note = f"{two['timers']:,} timers on 4 shards; early {one['early'] + two['early']}"
+        if s.quick:
+            f.met = None
+            f.note += " (quick: too few timers to judge the ratio)"
+    return r
+
+
 def _cost(s: Settings, figs: dict[str, Figure]) -> Any:
     from bench import cost  # noqa: PLC0415  (late: see Bench)
 
@@ -610,6 +635,18 @@ def declare() -> dict[str, tuple[Bench, list[Figure]]]:
                        "kafka_fire", "timers/s", "", baseline_unit="records/s",
                        baseline_what="the same raw produce"),
                 Figure("kafka_lag", "fire lag p99 through Kafka", "kafka_fire", "ms", ""),
+            ],
+        ),
+        "kafka_processes": (
+            _kafka_processes,
+            [
+                Figure("kafka_processes_fire", "timers fired in Kafka mode, 2 processes",
+                       "kafka_processes", "timers/s", "ratio >= 1.6", baseline_unit="timers/s",
+                       baseline_what="the same with 1 process, same run"),
+                Figure("kafka_processes_intake", "schedules accepted in Kafka mode, 2 processes",
+                       "kafka_processes", "schedules/s", "ratio >= 1.6",
+                       baseline_unit="schedules/s",
+                       baseline_what="the same with 1 process, same run"),
             ],
         ),
         "pulsar_fire": (

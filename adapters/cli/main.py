@@ -40,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tailcmd.register(sub)
     clientcmd.register(sub)
     args = parser.parse_args(argv)
+    # The command line as given, for a command that starts copies of itself (serve
+    # --processes).
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         compiled.check()
     except compiled.StaleBuild as exc:

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nereus.adapters.cli.processes import inherited_socket, join_siblings, supervise
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.http.server import HttpServer
@@ -115,6 +116,17 @@ def register(sub: Any) -> None:
         "(an attempt in flight at a crash may be retried as a duplicate)",
     )
     k.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run this many service processes sharing the shards and the HTTP address, "
+        "supervised by this one (one interpreter lock each: more of the machine's cores)",
+    )
+    # Set by the supervisor for each of its processes.
+    k.add_argument("--http-fd", type=int, default=None, help=argparse.SUPPRESS)
+    k.add_argument("--sibling-dir", default=None, help=argparse.SUPPRESS)
+    k.add_argument("--process-name", default=None, help=argparse.SUPPRESS)
+    k.add_argument(
         "--destination-linger-ms",
         type=int,
         default=5,
@@ -168,7 +180,13 @@ def _tenancy(args: argparse.Namespace, log: Logger) -> Tenancy | None:
 
 
 def _api(
-    backend: Nereus | KafkaService, tenancy: Tenancy, log: Logger, host: str, port: int
+    backend: Nereus | KafkaService,
+    tenancy: Tenancy,
+    log: Logger,
+    host: str,
+    port: int,
+    *,
+    sock: socket.socket | None = None,
 ) -> tuple[TimerApi, HttpServer] | None:
     try:
         api = TimerApi(backend, tenancy=tenancy, logger=log)
@@ -177,7 +195,12 @@ def _api(
         return None
     try:
         server = HttpServer(
-            api, host, port, limits=tenancy.server, access_log=tenancy.server.access_log
+            api,
+            host,
+            port,
+            limits=tenancy.server,
+            access_log=tenancy.server.access_log,
+            sock=sock,
         )
     except OSError as exc:
         log.error("refused", detail=f"cannot listen on {host}:{port}: {exc}")
@@ -227,10 +250,18 @@ def serve(args: argparse.Namespace) -> int:
     if address is None:
         return 2
     host, port = address
+    if args.processes != 1 and not args.kafka:
+        log.error("refused", detail="--processes needs Kafka mode (--kafka): it shares shards")
+        return 2
     if args.kafka:
         if args.pulsar or tenancy.pulsar:
             log.error("refused", detail="the Pulsar destination runs in the embedded mode only")
             return 2
+        if args.processes < 1:
+            log.error("refused", detail=f"--processes must be at least 1, not {args.processes}")
+            return 2
+        if args.processes > 1:
+            return supervise(args, args.argv, log, (host, port), tenancy.server.backlog)
         return serve_kafka(args, log, tenancy, host, port)
     if tenancy.kafka_settings:
         log.warning("kafka_settings_unused", detail="[kafka] applies to --kafka mode only")
@@ -385,11 +416,15 @@ def serve_kafka(
         log.error("refused", detail=f"Kafka mode cannot start: {exc}")
         service.close()
         return 2
-    made = _api(service, tenancy, log, host, port)
+    sock = None if args.http_fd is None else inherited_socket(args.http_fd)
+    made = _api(service, tenancy, log, host, port, sock=sock)
     if made is None:
         service.close()
         return 2
     _, server = made
+    stopping: list[Callable[[], None]] = [server.stop, service.close]
+    if args.sibling_dir is not None:
+        stopping = [join_siblings(service, args.sibling_dir, args.process_name), *stopping]
     _tune_gc()
     server.start()
     _log_auth(tenancy, log)
@@ -399,11 +434,13 @@ def serve_kafka(
         data=os.path.abspath(args.data),
         mode="kafka",
         process=config.process_id,
+        process_name=args.process_name,
+        pid=os.getpid(),
         commands_topic=config.commands_topic,
         shards=service.shards,
     )
     stop.wait()
-    return _stop_within(args.stop_timeout_s, log, 0, server.stop, service.close)
+    return _stop_within(args.stop_timeout_s, log, 0, *stopping)
 
 
 def _stop_within(timeout_s: float, log: Logger, code: int, *steps: Callable[[], None]) -> int:

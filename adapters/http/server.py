@@ -33,7 +33,7 @@ from nereus.adapters.http.protocol import Shared, protocol_class
 START_TIMEOUT_S = 10.0
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:  # a name: resolve it the way a client would
@@ -58,10 +58,13 @@ class HttpServer:
         *,
         limits: HttpLimits | None = None,
         access_log: bool = False,
+        sock: socket.socket | None = None,
     ) -> None:
+        """`sock`: a socket already bound (and maybe listening), such as the one a
+        supervisor's processes share, instead of binding `host`:`port`."""
         self.api = api
         self.limits = limits or api.tenancy.server
-        self.sock = _bind(host, port)
+        self.sock = bind_socket(host, port) if sock is None else sock
         self.shared = shared = Shared(self.limits, api.observe, access_log)
         config = uvicorn.Config(
             TimerAsgiApp(api),

@@ -30,10 +30,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka import reads
 from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.ownership import ShardOwnership, ShardParts
 from nereus.adapters.kafka.rpc import CommandRpc
+from nereus.adapters.kafka.siblings import Part, Siblings, local_part, merge_parts
 from nereus.adapters.kafka.topics import ensure_topics
 from nereus.adapters.local.embedded import Peek
 from nereus.kernel.config import KernelConfig
@@ -93,6 +95,8 @@ class KafkaService:
             destination_factory=destination_factory,
         )
         self.ownership = ShardOwnership(config, parts, self.log, self._stop)
+        # The other processes of this machine under one supervisor (`serve --processes`).
+        self.siblings: Siblings | None = None
 
     @property
     def kernel_config(self) -> KernelConfig:
@@ -143,6 +147,15 @@ class KafkaService:
     # Reads --------------------------------------------------------------------------------
 
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
+        """From the shard's store, here or, under a supervisor, in a sibling process."""
+        try:
+            return self.peek_here(tenant, queue, timer_key)
+        except ShardNotLocal:
+            if self.siblings is None:
+                raise
+            return self.siblings.peek(tenant, queue, timer_key)
+
+    def peek_here(self, tenant: str, queue: str, timer_key: str) -> Peek:
         owned = self.ownership.snapshot()
         return reads.peek(owned, self.shards, queue, timer_key, tenant=tenant)
 
@@ -150,9 +163,19 @@ class KafkaService:
         self, queue: str, after: str | None, limit: int, *, tenant: str = DEFAULT_TENANT
     ) -> tuple[list[Message], bool]:
         """The queue's live timers after `after` in key byte order, merged over every shard
-        (all of which must be owned and caught up here, else ShardNotLocal)."""
+        (all of which must be owned and caught up here, or in this supervisor's other
+        processes, else ShardNotLocal)."""
         owned = self.ownership.snapshot()
-        return reads.list_timers(owned, self.shards, queue, after, limit, tenant=tenant)
+        if self.siblings is None:
+            return reads.list_timers(owned, self.shards, queue, after, limit, tenant=tenant)
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        parts = [self.part_here(tenant, queue, after, limit)]
+        parts += self.siblings.parts(tenant, queue, after, limit)
+        return merge_parts(parts, self.shards, limit)
+
+    def part_here(self, tenant: str, queue: str, after: str | None, limit: int) -> Part:
+        return local_part(self.ownership.snapshot(), tenant, queue, after, limit)
 
     def tenant_usage(self, tenant: str = DEFAULT_TENANT) -> TenantUsage:
         """Summed over the shards this process owns right now: in Kafka mode a quota counts

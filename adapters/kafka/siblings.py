@@ -1,0 +1,242 @@
+"""Reads across the processes of one machine that `nereus serve --processes N` supervises.
+
+Theory of operation: the processes share the HTTP port (one listening socket, inherited), so
+a peek or a listing reaches whichever process accepted the connection, while the shards are
+spread over the processes by the consumer group. Each process therefore also answers reads
+of the shards it owns on a private loopback port (`SiblingReader`), and registers that port
+in the supervisor's directory (`SiblingDirectory`). A process asked for a timer whose shard
+it does not own asks its siblings (`Siblings.peek`); a listing, which reads every shard,
+gathers each sibling's part (`Siblings.list_timers`). The private port accepts only requests
+carrying the supervisor's token (`NEREUS_SIBLING_TOKEN`, made fresh at each start), so
+another local user cannot read timers through it without the service's credentials. A
+sibling's answer is as fresh as a local read (its shard's latest commit); a shard that no
+process owns right now (a rebalance) is `ShardNotLocal`, as it is for a single process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.local.results import Peek
+from nereus.kernel.model import Message
+
+if TYPE_CHECKING:  # the reader side needs no Kafka client: `nereus serve` imports it
+    from nereus.adapters.kafka.ownership import OwnedShard
+
+TOKEN_ENV = "NEREUS_SIBLING_TOKEN"
+TOKEN_HEADER = "X-Nereus-Sibling"
+TIMEOUT_S = 10.0
+
+
+class Part(msgspec.Struct, frozen=True):
+    """One process's part of a listing: the shards it read, their rows, and whether more
+    rows follow in any of them."""
+
+    shards: list[int]
+    rows: list[Message]
+    more: bool
+
+
+class PeekAnswer(msgspec.Struct, frozen=True):
+    peek: Peek | None  # None: the shard is not readable by that process
+
+
+class SiblingDirectory:
+    """The supervisor's directory of its processes' private read addresses: one file per
+    process, written atomically, removed when the process stops."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path = path
+        self.name = name
+        os.makedirs(path, exist_ok=True)
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, f"{name}.json")
+
+    def register(self, address: str) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
+        with os.fdopen(fd, "w") as out:
+            json.dump({"process": self.name, "read": address, "pid": os.getpid()}, out)
+        os.replace(tmp, self._file(self.name))
+
+    def unregister(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._file(self.name))
+
+    def others(self) -> list[str]:
+        """The read addresses of the other processes, in name order."""
+        found: list[str] = []
+        for entry in sorted(os.listdir(self.path)):
+            if not entry.endswith(".json") or entry == f"{self.name}.json":
+                continue
+            try:
+                with open(os.path.join(self.path, entry)) as f:
+                    found.append(str(json.load(f)["read"]))
+            except (OSError, ValueError, KeyError):
+                continue  # being replaced, or left by a process that died mid-write
+        return found
+
+
+class SiblingReader:
+    """This process's private read port: peeks and listing parts of the shards it owns."""
+
+    def __init__(
+        self,
+        token: str,
+        peek: Callable[[str, str, str], Peek],
+        part: Callable[[str, str, str | None, int], Part],
+    ) -> None:
+        reader = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                reader._handle(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # the private port is not a public API: no access log
+
+        self.token = token
+        self._peek = peek
+        self._part = part
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="nereus-sibling-reads", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handle(self, req: BaseHTTPRequestHandler) -> None:
+        if req.headers.get(TOKEN_HEADER) != self.token:
+            return _reply(req, 403, b"")
+        url = urllib.parse.urlsplit(req.path)
+        q = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
+        try:
+            if url.path == "/peek":
+                try:
+                    answer = PeekAnswer(self._peek(q["tenant"], q["queue"], q["key"]))
+                except ShardNotLocal:
+                    answer = PeekAnswer(None)
+                return _reply(req, 200, msgspec.msgpack.encode(answer))
+            if url.path == "/part":
+                limit = int(q["limit"])
+                part = self._part(q["tenant"], q["queue"], q.get("after"), limit)
+                return _reply(req, 200, msgspec.msgpack.encode(part))
+        except (KeyError, ValueError) as exc:
+            return _reply(req, 400, str(exc).encode())
+        return _reply(req, 404, b"")
+
+
+def _reply(req: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    req.send_response(status)
+    req.send_header("Content-Type", "application/msgpack")
+    req.send_header("Content-Length", str(len(body)))
+    req.end_headers()
+    req.wfile.write(body)
+
+
+class Siblings:
+    """Asks the other processes of this machine for what this one cannot read."""
+
+    def __init__(self, directory: SiblingDirectory, token: str) -> None:
+        self.directory = directory
+        self.token = token
+
+    def _get(self, address: str, path: str, query: dict[str, str]) -> bytes | None:
+        """The body of a 200 answer, or None when the sibling cannot be asked (stopped,
+        restarting): a missing answer is treated as a shard owned by nobody here."""
+        host, _, port = address.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+        try:
+            conn.request(
+                "GET", f"{path}?{urllib.parse.urlencode(query)}", headers={TOKEN_HEADER: self.token}
+            )
+            resp = conn.getresponse()
+            body = resp.read()
+            return body if resp.status == 200 else None
+        except OSError:
+            return None
+        finally:
+            conn.close()
+
+    def peek(self, tenant: str, queue: str, timer_key: str) -> Peek:
+        for address in self.directory.others():
+            body = self._get(address, "/peek", {"tenant": tenant, "queue": queue, "key": timer_key})
+            if body is None:
+                continue
+            answer = msgspec.msgpack.decode(body, type=PeekAnswer)
+            if answer.peek is not None:
+                return answer.peek
+        raise ShardNotLocal("no process of this machine can read the timer's shard right now")
+
+    def parts(self, tenant: str, queue: str, after: str | None, limit: int) -> list[Part]:
+        query = {"tenant": tenant, "queue": queue, "limit": str(limit)}
+        if after is not None:
+            query["after"] = after
+        found: list[Part] = []
+        for address in self.directory.others():
+            body = self._get(address, "/part", query)
+            if body is not None:
+                found.append(msgspec.msgpack.decode(body, type=Part))
+        return found
+
+
+def merge_parts(parts: list[Part], shards: int, limit: int) -> tuple[list[Message], bool]:
+    """One listing from the parts of every shard: each shard read once (a shard two parts
+    claim, mid-rebalance, is taken from the first), sorted by the key's bytes, cut at
+    `limit`. Raises ShardNotLocal when a shard is in no part."""
+    seen: set[int] = set()
+    rows: list[Message] = []
+    more = False
+    for part in parts:
+        fresh = [s for s in part.shards if s not in seen]
+        if len(fresh) != len(part.shards):
+            # Rows cannot be told apart by shard here: take a part only whole.
+            if fresh:
+                raise ShardNotLocal("the shards are moving between processes: retry")
+            continue
+        seen.update(part.shards)
+        rows.extend(part.rows)
+        more = more or part.more
+    missing = sorted(set(range(shards)) - seen)
+    if missing:
+        raise ShardNotLocal(f"shards {missing} are not readable by any process right now")
+    rows.sort(key=lambda m: m.timer_key.encode())
+    return rows[:limit], more or len(rows) > limit
+
+
+def local_part(
+    owned: dict[int, OwnedShard], tenant: str, queue: str, after: str | None, limit: int
+) -> Part:
+    """This process's part of a listing: every shard it owns and has caught up."""
+    shards: list[int] = []
+    rows: list[Message] = []
+    more = False
+    for partition, shard in sorted(owned.items()):
+        with shard.lock:
+            if shard.closed or not shard.runtime.is_recovered():
+                continue
+            with shard.store.read() as view:
+                page, truncated = view.list_timers(tenant, queue, after, limit)
+        shards.append(partition)
+        rows.extend(page)
+        more = more or truncated
+    return Part(shards, rows, more)

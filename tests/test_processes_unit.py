@@ -1,0 +1,110 @@
+"""The parts of `serve --processes` that need no broker: each process's command line, the
+merge of listing parts, the sibling registry and the private read port's token."""
+
+from __future__ import annotations
+
+import http.client
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from nereus.adapters.cli.main import main
+from nereus.adapters.cli.processes import child_argv
+from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.kafka.siblings import (
+    TOKEN_HEADER,
+    Part,
+    PeekAnswer,
+    SiblingDirectory,
+    SiblingReader,
+    Siblings,
+    merge_parts,
+)
+from nereus.adapters.local.results import Peek
+from nereus.kernel.model import Message, Table
+from tests.builders import schedule
+from tests.strategies import drive
+
+
+def _messages(keys: list[str]) -> list[Message]:
+    d = drive([])
+    for k in keys:
+        d.append(schedule(k, delay_ms=1_000))
+    rows = [m for _, m in d.state.items(Table.MESSAGES) if isinstance(m, Message)]
+    return sorted(rows, key=lambda m: m.timer_key)
+
+
+def test_each_process_gets_the_command_line_without_the_supervisors_own_options() -> None:
+    argv = [
+        "serve", "--kafka", "b:9092", "--processes", "3", "--data", "/d", "--http=0.0.0.0:80",
+        "--topic", "q=t", "--processes=3",
+    ]  # fmt: skip
+    assert child_argv(argv, "/d/process-1", 7, "/d/siblings", "process-1") == [
+        "serve", "--kafka", "b:9092", "--topic", "q=t",
+        "--data", "/d/process-1", "--http-fd", "7", "--sibling-dir", "/d/siblings",
+        "--process-name", "process-1",
+    ]  # fmt: skip
+
+
+def test_processes_need_kafka_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--data", str(tmp_path), "--processes", "2"]) == 2
+    assert "--processes needs Kafka mode" in capsys.readouterr().err
+
+
+def test_parts_merge_in_key_order_and_every_shard_must_be_read() -> None:
+    rows = _messages(["a", "b", "c", "d"])
+    one = Part([0, 2], [rows[0], rows[2]], False)
+    two = Part([1], [rows[1], rows[3]], True)
+    merged, more = merge_parts([two, one], shards=3, limit=3)
+    assert [m.timer_key for m in merged] == ["a", "b", "c"] and more
+    merged, more = merge_parts([one, two], shards=3, limit=10)
+    assert [m.timer_key for m in merged] == ["a", "b", "c", "d"] and more
+    with pytest.raises(ShardNotLocal, match=r"shards \[1\]"):
+        merge_parts([one], shards=3, limit=3)
+    # A shard in two parts (moving while the listing ran): refused, not merged twice.
+    with pytest.raises(ShardNotLocal, match="moving"):
+        merge_parts([one, Part([2, 1], [rows[1]], False)], shards=3, limit=3)
+    # A part wholly read by another part already is skipped.
+    merged, _ = merge_parts([one, two, Part([0], [rows[0]], False)], shards=3, limit=10)
+    assert [m.timer_key for m in merged] == ["a", "b", "c", "d"]
+
+
+def test_the_private_read_port_answers_only_with_the_token(tmp_path: Path) -> None:
+    found = Peek(found=True, queue="q", timer_key="k")
+
+    def peek(tenant: str, queue: str, key: str) -> Peek:
+        if key == "elsewhere":
+            raise ShardNotLocal("not here")
+        return found
+
+    def part(tenant: str, queue: str, after: str | None, limit: int) -> Part:
+        return Part([0], [], False)
+
+    reader = SiblingReader("secret", peek, part)
+    reader.start()
+    try:
+        host, port = reader.address.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request("GET", "/peek?tenant=t&queue=q&key=k")
+        assert conn.getresponse().status == 403
+        conn.close()
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request("GET", "/peek?tenant=t&queue=q&key=k", headers={TOKEN_HEADER: "secret"})
+        resp = conn.getresponse()
+        assert msgspec.msgpack.decode(resp.read(), type=PeekAnswer).peek == found
+        conn.close()
+
+        registry = SiblingDirectory(str(tmp_path), "process-0")
+        registry.register("127.0.0.1:1")  # itself: never asked
+        SiblingDirectory(str(tmp_path), "process-1").register(reader.address)
+        siblings = Siblings(registry, "secret")
+        assert siblings.peek("t", "q", "k") == found
+        with pytest.raises(ShardNotLocal):
+            siblings.peek("t", "q", "elsewhere")
+        assert siblings.parts("t", "q", None, 5) == [Part([0], [], False)]
+        assert Siblings(registry, "wrong").parts("t", "q", None, 5) == []
+        registry.unregister()
+        assert SiblingDirectory(str(tmp_path), "process-1").others() == []
+    finally:
+        reader.stop()
