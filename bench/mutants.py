@@ -462,10 +462,35 @@ STORAGE = (
     ),
 )
 
+# The batch records and the decoded-row memo (issue 19): a batch must mean its items, and
+# the memo must never answer bytes nobody checked.
+BATCHES = (
+    Mutant(
+        "M1",
+        "a batch item's effects are dropped when the next item begins",
+        "P3/P4 what the log admitted is sent (a batch is its items)",
+        one("kernel/step.py", "            self.done.extend(self.effects)\n", ""),
+        ("tests/test_batch_records.py", "tests/test_runtime_discovery.py", *KERNEL_TESTS),
+        quick_tests=("tests/test_batch_records.py",),
+    ),
+    Mutant(
+        "M2",
+        "the row memo answers bytes that only share a checksum with a row it checked",
+        "P8 a damaged store is refused, never read as a plausible row",
+        one(
+            "storage/codec.py",
+            "        return found[1] if found[0] == data else None",
+            "        return found[1]",
+        ),
+        ("tests/test_storage_memo.py", "tests/test_storage_corrupt.py", *STORAGE_TESTS),
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
     *LIFECYCLE_ROWS,
     *RUNTIME,
     *STORAGE,
+    *BATCHES,
 )

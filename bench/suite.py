@@ -363,11 +363,16 @@ def _http_api(s: Settings, figs: dict[str, Figure]) -> Any:
     return r
 
 
-def _kafka_fire(s: Settings, figs: dict[str, Figure]) -> Any:
+def _need_kafka(s: Settings, figs: dict[str, Figure]) -> None:
+    """Skip the bench, saying why on each of its figures, when no broker was given."""
     if not s.kafka_bootstrap:
         for f in figs.values():
             f.note = "NEREUS_KAFKA_BOOTSTRAP is not set (nor --kafka-bootstrap)"
         raise Skipped("no broker")
+
+
+def _kafka_fire(s: Settings, figs: dict[str, Figure]) -> Any:
+    _need_kafka(s, figs)
     from bench import kafka_fire  # noqa: PLC0415  (late: see Bench)
 
     shards = 2 if s.quick else 4  # the second, many-shard throughput run
@@ -444,10 +449,7 @@ def _pulsar_fire(s: Settings, figs: dict[str, Figure]) -> Any:
 
 
 def _recovery(s: Settings, figs: dict[str, Figure]) -> Any:
-    if not s.kafka_bootstrap:
-        for f in figs.values():
-            f.note = "NEREUS_KAFKA_BOOTSTRAP is not set (nor --kafka-bootstrap)"
-        raise Skipped("no broker")
+    _need_kafka(s, figs)
     from bench import recovery  # noqa: PLC0415  (late: see Bench)
 
     r = recovery.run(s.kafka_bootstrap, s.recovery_inflight)
@@ -488,10 +490,7 @@ class Skipped(Exception):
 
 
 def _kafka_processes(s: Settings, figs: dict[str, Figure]) -> Any:
-    if not s.kafka_bootstrap:
-        for f in figs.values():
-            f.note = "NEREUS_KAFKA_BOOTSTRAP is not set (nor --kafka-bootstrap)"
-        raise Skipped("no broker")
+    _need_kafka(s, figs)
     from bench import kafka_processes  # noqa: PLC0415  (late: see Bench)
 
     r = kafka_processes.run(s.kafka_bootstrap, [1, 2], s.kafka_timers, 4)

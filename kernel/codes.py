@@ -1,11 +1,12 @@
 """The closed list of outcome codes.
 
-Theory of operation: every log entry the reducer sees ends in exactly one outcome, and the
-outcome carries exactly one code from this module. A code is either *applied* (the entry
-changed state, or deliberately changed nothing, as `unchanged` does) or *rejected* (the entry
-was consumed at its position but changed nothing except the position and counters). Clients
-switch on these strings, so the list is closed: adding a code is a protocol change and is
-recorded in `specs/codes.md`, which is generated from `CODE_DOCS` below.
+Theory of operation: every log entry the reducer sees ends in exactly one outcome (a batch
+record, one per item), and the outcome carries exactly one code from this module. A code is
+either *applied* (the entry changed state, or deliberately changed nothing, as `unchanged`
+does) or *rejected* (the entry was consumed at its position but changed nothing except the
+position and counters). Clients switch on these strings, so the list is closed: adding a
+code is a protocol change and is recorded in `specs/codes.md`, which is generated from
+`CODE_DOCS` below.
 """
 
 from __future__ import annotations

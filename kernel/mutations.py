@@ -199,25 +199,21 @@ _ADMISSION_TAG: Final = record_type_of(PublishAdmission)
 _OUTCOME_TAG: Final = record_type_of(PublishOutcome)
 
 
-def admissions(step: Step, r: PublishAdmissions) -> None:
-    """A batch of Admissions: each item decided as its own PUBLISH_ADMISSION_V1 would be, at
-    this position, seeing the items before it. An empty batch changes nothing."""
-    if not r.items:
+def batch(step: Step, r: PublishAdmissions | PublishOutcomes) -> None:
+    """A batch record: each item decided as the single record it stands for would be
+    (PUBLISH_ADMISSION_V1, PUBLISH_OUTCOME_V1), at this position, seeing the items before
+    it. An empty batch changes nothing."""
+    items = members(r)
+    if not items:
         return step.applied(Code.UNCHANGED)
-    for index, item in enumerate(members(r)):
-        step.begin_item(index, _ADMISSION_TAG)
-        assert isinstance(item, PublishAdmission)
-        admission(step, item)
-
-
-def outcomes(step: Step, r: PublishOutcomes) -> None:
-    """A batch of outcomes, each recorded as its own PUBLISH_OUTCOME_V1 would be."""
-    if not r.items:
-        return step.applied(Code.UNCHANGED)
-    for index, item in enumerate(members(r)):
-        step.begin_item(index, _OUTCOME_TAG)
-        assert isinstance(item, PublishOutcome)
-        outcome(step, item)
+    for index, item in enumerate(items):
+        if isinstance(item, PublishAdmission):
+            step.begin_item(index, _ADMISSION_TAG)
+            admission(step, item)
+        else:
+            assert isinstance(item, PublishOutcome)
+            step.begin_item(index, _OUTCOME_TAG)
+            outcome(step, item)
 
 
 def outcome(step: Step, r: PublishOutcome) -> None:

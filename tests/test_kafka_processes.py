@@ -32,6 +32,12 @@ PROCESSES = 2
 TIMERS = int(os.environ.get("NEREUS_PROCESSES_TIMERS", "600"))
 
 
+def _supervisor(bootstrap: str, topics: Topics, tmp_path: Path) -> ServiceProc:
+    """`nereus serve --kafka ... --processes 2`, not started yet."""
+    extra = ("--processes", str(PROCESSES))
+    return ServiceProc("sup", bootstrap, topics, tmp_path / "data", shards=SHARDS, extra=extra)
+
+
 def _serving(sup: ServiceProc) -> dict[str, int]:
     """process name -> pid of each process that logged it is serving (latest start)."""
     found: dict[str, int] = {}
@@ -91,14 +97,7 @@ def test_processes_share_the_shards_behind_one_address(
         config={"message.timestamp.type": "LogAppendTime"},
     )
     topics = Topics.unique(destination)
-    sup = ServiceProc(
-        "sup",
-        kafka_bootstrap,
-        topics,
-        tmp_path / "data",
-        shards=SHARDS,
-        extra=("--processes", str(PROCESSES)),
-    )
+    sup = _supervisor(kafka_bootstrap, topics, tmp_path)
     pending = [f"p{i}" for i in range(TIMERS // 2)]
     first = [f"a{i}" for i in range(TIMERS)]
     later = [f"b{i}" for i in range(TIMERS // 3)]
@@ -151,15 +150,7 @@ def _zombie(pid: int) -> bool:
 def test_a_supervisor_killed_outright_takes_its_processes_with_it(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    topics = Topics.unique(unique_topic("dest"))
-    sup = ServiceProc(
-        "sup",
-        kafka_bootstrap,
-        topics,
-        tmp_path / "data",
-        shards=SHARDS,
-        extra=("--processes", str(PROCESSES)),
-    )
+    sup = _supervisor(kafka_bootstrap, Topics.unique(unique_topic("dest")), tmp_path)
     try:
         sup.start().wait_serving()
         wait_until(lambda: len(_serving(sup)) == PROCESSES, 60, "both processes serving")

@@ -31,6 +31,7 @@ KINDS = {
     "R": "recovery",
     "S": "durability",
     "B": "transaction boundaries",
+    "M": "batch records and the row memo (issue 19)",
 }
 
 
