@@ -64,4 +64,5 @@ def test_the_quick_mutants_are_caught() -> None:
         check=False,
     )
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert "mutation score: 5/5 caught" in done.stdout
+    quick = len([m for m in CATALOGUE if m.quick_tests])
+    assert f"mutation score: {quick}/{quick} caught" in done.stdout
