@@ -15,6 +15,7 @@ from nereus.kernel.effects import (
     RevokeClaim,
     TimelinePut,
     TimelineRemove,
+    outcomes_of,
     split,
 )
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
@@ -47,6 +48,7 @@ from nereus.kernel.records import (
     Capability,
     Capacity,
     ClaimResult,
+    CommandBatch,
     DeadLetterWritten,
     Evidence,
     Expire,
@@ -92,6 +94,7 @@ __all__ = [
     "Capacity",
     "ClaimResult",
     "Code",
+    "CommandBatch",
     "Counters",
     "DeadLetter",
     "DeadLetterPending",
@@ -145,6 +148,7 @@ __all__ = [
     "fold",
     "members",
     "message_id",
+    "outcomes_of",
     "parse_timeline_key",
     "reduce",
     "split",

@@ -4,8 +4,8 @@ Theory of operation: the reducer never performs I/O; it returns effects and the 
 performs them *after* the batch that produced them is durably committed. Every entry yields
 exactly one `EntryOutcome` first (the reply to a command, or the verdict on a mutation);
 other effects follow in the order the runtime should perform them. A batch record
-(`PUBLISH_ADMISSIONS_V1`, `PUBLISH_OUTCOMES_V1`) yields that for each item in turn: the
-item's outcome (its `index` says which item), then the item's effects (`split` pairs them
+(`PUBLISH_ADMISSIONS_V1`, `PUBLISH_OUTCOMES_V1`, `COMMANDS_V1`) yields that for each item in
+turn: the item's outcome (its `index` says which item), then the item's effects (`split` pairs them
 with the records the items stand for). An effect is identified by (entry position, index in
 the returned tuple), which is stable under replay.
 """
@@ -16,7 +16,7 @@ import msgspec
 
 from nereus.kernel.codes import Code
 from nereus.kernel.model import TimelineWork
-from nereus.kernel.records import Evidence, PublishAdmissions, PublishOutcomes, Record, members
+from nereus.kernel.records import BATCH_TYPES, Evidence, Record, members
 
 
 # `gc=False`: effects are frozen values of strings, numbers and other frozen values, so they
@@ -99,7 +99,7 @@ def split(
     (a position or persistence-time verdict), which is one triple for the batch itself."""
     first = effects[0]
     assert isinstance(first, EntryOutcome)
-    if not isinstance(record, PublishAdmissions | PublishOutcomes) or not record.items:
+    if not isinstance(record, BATCH_TYPES) or not record.items:
         return [(record, first, effects[1:])]
     items = members(record)
     found: list[tuple[Record, EntryOutcome, tuple[Effect, ...]]] = []
@@ -112,3 +112,8 @@ def split(
         assert isinstance(outcome, EntryOutcome)
         found.append((items[n], outcome, effects[start + 1 : end]))
     return found
+
+
+def outcomes_of(record: Record, effects: tuple[Effect, ...]) -> tuple[EntryOutcome, ...]:
+    """The outcomes of an entry: one, or one per item of a batch record, in item order."""
+    return tuple(outcome for _record, outcome, _rest in split(record, effects))

@@ -42,15 +42,11 @@ from nereus.kernel.records import (
     LaneGate,
     NotPublished,
     PublishAdmission,
-    PublishAdmissions,
     Published,
     PublishOutcome,
-    PublishOutcomes,
     PublishResult,
     ShardState,
     Unknown,
-    members,
-    record_type_of,
 )
 from nereus.kernel.rules import OLD_GENERATION, SAME, attempt_rule, rule
 from nereus.kernel.step import Step
@@ -193,27 +189,6 @@ def admission(step: Step, r: PublishAdmission) -> None:
             visible_at_ms=visible_at(message.deliver_at_ms, message.capability),
         )
     )
-
-
-_ADMISSION_TAG: Final = record_type_of(PublishAdmission)
-_OUTCOME_TAG: Final = record_type_of(PublishOutcome)
-
-
-def batch(step: Step, r: PublishAdmissions | PublishOutcomes) -> None:
-    """A batch record: each item decided as the single record it stands for would be
-    (PUBLISH_ADMISSION_V1, PUBLISH_OUTCOME_V1), at this position, seeing the items before
-    it. An empty batch changes nothing."""
-    items = members(r)
-    if not items:
-        return step.applied(Code.UNCHANGED)
-    for index, item in enumerate(items):
-        if isinstance(item, PublishAdmission):
-            step.begin_item(index, _ADMISSION_TAG)
-            admission(step, item)
-        else:
-            assert isinstance(item, PublishOutcome)
-            step.begin_item(index, _OUTCOME_TAG)
-            outcome(step, item)
 
 
 def outcome(step: Step, r: PublishOutcome) -> None:

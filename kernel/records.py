@@ -259,6 +259,16 @@ class LaneGate(_Tagged, tag="LANE_GATE_V1", frozen=True):
 ShardStatus = Literal["ACTIVE_FOR_COMMANDS", "PAUSED", "FROZEN"]
 
 
+class CommandBatch(_Tagged, tag="COMMANDS_V1", frozen=True):
+    """Client commands sent together (one client batch's commands for this shard) as one
+    record. It means exactly its `items` as consecutive records at this entry's position and
+    persistence time (`members`): each decided in turn, seeing the items before it, each
+    with its own outcome, indexed by its place in the batch. Payload bytes travel beside
+    the record, one per item, as they do beside a single schedule."""
+
+    items: tuple[Schedule | Reschedule | Cancel, ...]
+
+
 class ShardState(_Tagged, tag="SHARD_STATE_V1", frozen=True):
     """ACTIVE_FOR_COMMANDS: normal. PAUSED: an operator stopped the fire (Admissions and
     expiries are refused); commands, cancels included, still apply. FROZEN: commands are
@@ -281,12 +291,15 @@ Record = (
     | LaneGate
     | ShardState
     | DeadLetterWritten
+    | CommandBatch
 )
 
+Command = Schedule | Reschedule | Cancel
 COMMAND_TYPES = (Schedule, Reschedule, Cancel)
 
 # A batch record stands for several records of one kind (`members`).
-BatchRecord = PublishAdmissions | PublishOutcomes
+BatchRecord = PublishAdmissions | PublishOutcomes | CommandBatch
+BATCH_TYPES = (PublishAdmissions, PublishOutcomes, CommandBatch)
 
 
 def members(record: Record) -> tuple[Record, ...]:
@@ -314,14 +327,20 @@ def members(record: Record) -> tuple[Record, ...]:
         return tuple(
             PublishOutcome(i.attempt_id, i.message_id, i.generation, i.result) for i in record.items
         )
+    if isinstance(record, CommandBatch):
+        return record.items
     return (record,)
 
 
 def batched(records: Sequence[Record]) -> Record:
     """One record for several Admissions of one owner, clock reading and fence (or several
-    outcomes); a single record stays itself. `ValueError` for anything else."""
+    outcomes, or several client commands); a single record stays itself. `ValueError` for
+    anything else."""
     if len(records) == 1:
         return records[0]
+    commands = [r for r in records if isinstance(r, COMMAND_TYPES)]
+    if commands and len(commands) == len(records):
+        return CommandBatch(tuple(commands))
     if all(isinstance(r, PublishOutcome) for r in records):
         return PublishOutcomes(
             tuple(
@@ -332,7 +351,7 @@ def batched(records: Sequence[Record]) -> Record:
         )
     admissions = [r for r in records if isinstance(r, PublishAdmission)]
     if len(admissions) != len(records) or not admissions:
-        raise ValueError("only Admissions or outcomes are batched")
+        raise ValueError("only Admissions, outcomes or commands are batched, each kind alone")
     first = admissions[0]
     if any(
         (a.owner, a.interval, a.fence_id) != (first.owner, first.interval, first.fence_id)

@@ -19,6 +19,7 @@ from nereus.kernel.effects import Effect, EntryOutcome
 from nereus.kernel.records import (
     Cancel,
     ClaimResult,
+    CommandBatch,
     DeadLetterWritten,
     Expire,
     LaneGate,
@@ -31,11 +32,27 @@ from nereus.kernel.records import (
     Reschedule,
     Schedule,
     ShardState,
+    members,
     record_type,
+    record_type_of,
 )
 from nereus.kernel.state import State
 from nereus.kernel.step import Step
 from nereus.kernel.timing import MAX_INSTANT_MS
+
+
+def batch(step: Step, r: PublishAdmissions | PublishOutcomes | CommandBatch) -> None:
+    """A batch record: each item decided as the single record it stands for would be, at
+    this position, seeing the items before it, with its own outcome. An empty batch
+    changes nothing."""
+    items = members(r)
+    if not items:
+        return step.applied(Code.UNCHANGED)
+    for index, item in enumerate(items):
+        step.begin_item(index, _TAGS[type(item)])
+        HANDLERS[type(item)](step, item)
+    return None
+
 
 # The one dispatch: the handler of each record type, looked up by exact type. The record
 # union is closed (the decoders yield nothing else), so a type missing here is a broken invariant
@@ -46,14 +63,18 @@ HANDLERS: Final[dict[type[Record], Callable[[Step, Any], None]]] = {
     Cancel: commands.cancel,
     PublishAdmission: mutations.admission,
     PublishOutcome: mutations.outcome,
-    PublishAdmissions: mutations.batch,
-    PublishOutcomes: mutations.batch,
+    PublishAdmissions: batch,
+    PublishOutcomes: batch,
+    CommandBatch: batch,
     ClaimResult: mutations.claim_result,
     Expire: mutations.expire,
     LaneGate: mutations.lane_gate,
     ShardState: mutations.shard_state,
     DeadLetterWritten: mutations.dead_letter_written,
 }
+
+
+_TAGS: Final[dict[type[Record], str]] = {cls: record_type_of(cls) for cls in HANDLERS}
 
 
 def reduce(state: State, entry: LogEntry) -> tuple[State, tuple[Effect, ...]]:

@@ -66,14 +66,15 @@ class EffectsRunner:
 
     def run(
         self, results: list[Applied], now_ms: int, *, recovered: bool
-    ) -> dict[int, EntryOutcome]:
-        outcomes: dict[int, EntryOutcome] = {}
+    ) -> dict[int, list[EntryOutcome]]:
+        """Act on the effects of `results`; returns each entry's outcomes by position (one
+        per item of a batch record, in item order)."""
+        outcomes: dict[int, list[EntryOutcome]] = {}
         tally = Tally(self.log, recovered)
         for entry, effects in results:
-            first = effects[0]
-            assert isinstance(first, EntryOutcome)
-            outcomes[entry.position] = first
+            answers = outcomes[entry.position] = []
             for record, outcome, rest in split(entry.record, effects):
+                answers.append(outcome)
                 tally.entry(record, outcome)
                 if isinstance(record, PublishOutcome):
                     if outcome.applied:

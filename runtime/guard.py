@@ -20,7 +20,14 @@ from typing import get_args
 
 import msgspec
 
-from nereus.kernel.records import Record, Schedule, decode_record, encode_record, record_type
+from nereus.kernel.records import (
+    CommandBatch,
+    Record,
+    Schedule,
+    decode_record,
+    encode_record,
+    record_type,
+)
 from nereus.storage.store import Appendable
 
 _RECORD_TYPES: tuple[type, ...] = get_args(Record)
@@ -35,20 +42,35 @@ def check_items(items: Sequence[Appendable]) -> None:
         if not isinstance(record, _RECORD_TYPES):
             raise TypeError(f"item {index}: {type(record).__name__} is not a shard log record")
         name = record_type(record)
-        if payload is not None and not isinstance(payload, bytes):
-            raise TypeError(f"item {index} ({name}): the payload must be bytes or None")
         try:
             decode_record(encode_record(record))
         except (msgspec.MsgspecError, OverflowError, UnicodeError, TypeError, ValueError) as exc:
             raise ValueError(f"item {index}: the log cannot carry this {name}: {exc}") from None
-        if not isinstance(record, Schedule):
-            if payload is not None:
-                raise ValueError(f"item {index}: {name} carries no payload")
-        elif payload is not None and (
-            len(payload) != record.payload_size
-            or hashlib.sha256(payload).hexdigest() != record.payload_digest
-        ):
-            raise ValueError(
-                f"item {index}: the payload bytes do not match the schedule's payload_digest "
-                "and payload_size"
-            )
+        if isinstance(record, CommandBatch):
+            if payload is not None and (
+                not isinstance(payload, tuple) or len(payload) != len(record.items)
+            ):
+                raise TypeError(
+                    f"item {index} ({name}): the payloads must be None or one per command"
+                )
+            for n, member in enumerate(record.items):
+                _check_payload(f"item {index}.{n}", member, None if payload is None else payload[n])
+        else:
+            _check_payload(f"item {index}", record, payload)
+
+
+def _check_payload(where: str, record: Record, payload: object) -> None:
+    name = record_type(record)
+    if payload is not None and not isinstance(payload, bytes):
+        raise TypeError(f"{where} ({name}): the payload must be bytes or None")
+    if not isinstance(record, Schedule):
+        if payload is not None:
+            raise ValueError(f"{where}: {name} carries no payload")
+    elif payload is not None and (
+        len(payload) != record.payload_size
+        or hashlib.sha256(payload).hexdigest() != record.payload_digest
+    ):
+        raise ValueError(
+            f"{where}: the payload bytes do not match the schedule's payload_digest "
+            "and payload_size"
+        )

@@ -289,15 +289,20 @@ class ShardRuntime:
 
     def _commit(self, tick: _Tick) -> None:
         env = self.store.env
-        items, where = batch_runs(tick.items)
+        units = [(start, future.count) for future, start in tick.waiters]
+        items, where = batch_runs(tick.items, units)
         entries, results = self.shard_log.commit(
             items, tick.now.now_ms, lambda txn: self.claims.flush(txn, env.claims)
         )
         outcomes = self.effects.run(results, tick.now.now_ms, recovered=self._recovered)
         for future, start in tick.waiters:
-            # Commands are never batched: each is the entry at its own index.
-            positions = [entries[where[i]].position for i in range(start, start + future.count)]
-            future._set([outcomes[p] for p in positions])
+            answers: list[EntryOutcome] = []
+            for i in range(start, start + future.count):
+                at, index = where[i]
+                found = outcomes[entries[at].position]
+                # A batch refused as a whole has one outcome, which answers every item.
+                answers.append(found[index] if index < len(found) else found[0])
+            future._set(answers)
 
     def _send(self, tick: _Tick, after: ClockReading) -> None:
         """Hand the admitted attempts whose send gate the reading opens to the destination,

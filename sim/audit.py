@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.digest import state_digest
-from nereus.kernel.effects import DeadLetter, Effect, EntryOutcome, split
+from nereus.kernel.effects import DeadLetter, Effect, EntryOutcome, outcomes_of, split
 from nereus.kernel.invariants import check as invariant_violations
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from nereus.kernel.records import (
+    CommandBatch,
     DeadLetterWritten,
     Evidence,
     Expire,
@@ -57,9 +58,11 @@ from nereus.kernel.records import (
     Reschedule,
     Schedule,
     Unknown,
+    record_type,
 )
-from nereus.kernel.reducer import reduce
+from nereus.kernel.reducer import HANDLERS, reduce
 from nereus.kernel.state import State
+from nereus.kernel.step import Step
 from nereus.replay.fold import obligations
 from nereus.replay.verify import first_difference
 from nereus.runtime.destination import DLQ_CONSUMER_GROUP, H_CONSUMER_GROUP, dead_letter_attempt_id
@@ -87,7 +90,7 @@ class Observed:
     committed_at: dict[int, int]  # position -> true time its commit became durable
     committed_unsynced: set[int]  # positions committed while the clock was unsynchronised
     live_effects: dict[int, tuple[Effect, ...]]
-    replies: dict[int, EntryOutcome]  # position -> what the client was told
+    replies: dict[tuple[int, int], EntryOutcome]  # (position, item) -> what the client was told
     writes: list[Write]
     send_problems: list[str]
 
@@ -171,10 +174,14 @@ def _replay_matches(
     for position, effects in sorted(seen.live_effects.items()):
         if replay_effects.get(position) != effects:
             a.fail(f"position {position}: live effects differ from the replay's")
-    for position, reply in sorted(seen.replies.items()):
+    for (position, index), reply in sorted(seen.replies.items()):
         replayed = replay_effects.get(position)
-        if replayed is None or replayed[0] != reply:
-            a.fail(f"position {position}: the client was told {reply}, replay says otherwise")
+        entry = entries[position - 1] if 0 < position <= len(entries) else None
+        answers = outcomes_of(entry.record, replayed) if entry and replayed else ()
+        if index >= len(answers) or answers[index] != reply:
+            a.fail(
+                f"position {position}.{index}: the client was told {reply}, replay says otherwise"
+            )
     return replay_effects
 
 
@@ -410,6 +417,12 @@ def generation_ends(
     for entry in entries:
         record = entry.record
         before: Message | None = None
+        if isinstance(record, CommandBatch):
+            found = _batch_ends(state, entry, record)
+            state, effects = reduce(state, entry)
+            if len(outcomes_of(record, effects)) == len(record.items):  # not refused whole
+                ends.update(found)
+            continue
         if isinstance(record, Schedule | Reschedule):
             mid = message_id(record.tenant, record.queue, record.timer_key)
             before = state.message(mid.encode())
@@ -422,6 +435,24 @@ def generation_ends(
         assert isinstance(value, Message)
         ends[(value.message_id, value.generation)] = value
     return ends, state
+
+
+def _batch_ends(
+    state: State, entry: LogEntry, record: CommandBatch
+) -> dict[tuple[str, int], Message]:
+    """The rows a batch of commands supersedes, item by item as the reducer decides them
+    (two items of one batch may supersede each other), from a step of its own."""
+    ends: dict[tuple[str, int], Message] = {}
+    step = Step(state, entry)
+    for index, item in enumerate(record.items):
+        mid = message_id(item.tenant, item.queue, item.timer_key)
+        before = step.message(mid)
+        step.begin_item(index, record_type(item))
+        HANDLERS[type(item)](step, item)
+        after = step.message(mid)
+        if before is not None and after is not None and after.generation != before.generation:
+            ends[(before.message_id, before.generation)] = before
+    return ends
 
 
 def _check_generations(ends: dict[tuple[str, int], Message], writes: list[Write], a: Audit) -> None:

@@ -135,7 +135,7 @@ class World:
         self.committed_at: dict[int, int] = {}
         self.committed_unsynced: set[int] = set()
         self.live_effects: dict[int, tuple[Effect, ...]] = {}
-        self.replies: dict[int, EntryOutcome] = {}
+        self.replies: dict[tuple[int, int], EntryOutcome] = {}
         self.client = Client(rng, KERNEL, self.stats)
         self.outstanding: list[tuple[list[Appendable], CommandFuture]] = []
         self.path = os.path.join(root, "shard")
@@ -346,7 +346,7 @@ class World:
             except RuntimeHalted:
                 continue  # the process died in that tick: the client heard nothing
             for outcome in outcomes:
-                self.replies[outcome.position] = outcome
+                self.replies[(outcome.position, outcome.index)] = outcome
         self.outstanding = waiting
 
     def _check(self) -> None:

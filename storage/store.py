@@ -35,7 +35,7 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import Effect
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
 from nereus.kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
-from nereus.kernel.records import LogEntry, Record, Schedule
+from nereus.kernel.records import CommandBatch, LogEntry, Record, Schedule, members
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
 from nereus.storage.base import LmdbBase, StoreView
@@ -70,7 +70,10 @@ from nereus.storage.schema import (
 
 Applied = tuple[LogEntry, tuple[Effect, ...]]
 MAX_KEY_BYTES = 511  # LMDB's default compile-time key size limit
-Appendable = tuple[Record, bytes | None]
+# A record and the payload bytes that travel beside it: a schedule's bytes (None when they
+# are not here), or, for a batch of commands, one such value per item.
+Payload = bytes | tuple[bytes | None, ...] | None
+Appendable = tuple[Record, Payload]
 
 
 # Tables the write path compares against on every row, as module globals: an Enum class
@@ -347,10 +350,7 @@ class ShardStore:
         for record, payload in items:
             position += 1
             entry = LogEntry(position, persisted_at_ms, record)
-            if isinstance(record, Schedule):
-                self._store_payload(txn, record, payload, position)
-            elif payload is not None:
-                raise ValueError(f"{type(record).__name__} carries no payload")
+            self._store_payloads(txn, record, payload, position)
             blob = encode_entry(entry)
             txn.put(position_key(position), blob, db=self._env.log)
             entries.append(decode_entry(blob, self._env.data_file, position))
@@ -363,6 +363,22 @@ class ShardStore:
             self.log_last_persisted_at_ms = max(
                 self.log_last_persisted_at_ms, entries[-1].persisted_at_ms
             )
+
+    def _store_payloads(self, txn: Any, record: Record, payload: Payload, position: int) -> None:
+        """Store the bytes of each schedule `record` holds (itself, or a batch's items)."""
+        if isinstance(record, CommandBatch):
+            if payload is None:
+                payload = (None,) * len(record.items)
+            if not isinstance(payload, tuple) or len(payload) != len(record.items):
+                raise ValueError("a batch of commands carries one payload (or None) per item")
+            for item, item_payload in zip(record.items, payload, strict=True):
+                self._store_payloads(txn, item, item_payload, position)
+        elif isinstance(payload, tuple):
+            raise ValueError(f"{type(record).__name__} is not a batch: one payload or None")
+        elif isinstance(record, Schedule):
+            self._store_payload(txn, record, payload, position)
+        elif payload is not None:
+            raise ValueError(f"{type(record).__name__} carries no payload")
 
     def _store_payload(
         self, txn: Any, record: Schedule, payload: bytes | None, position: int
@@ -427,7 +443,7 @@ class ShardStore:
         *,
         also: Callable[[Any], None] | None = None,
         source: LogSource | None = None,
-        payloads: Mapping[int, bytes] | None = None,
+        payloads: Mapping[int, Payload] | None = None,
         before_commit: Callable[[list[Applied]], None] | None = None,
         mirror: bool = True,
     ) -> list[Applied]:
@@ -463,7 +479,7 @@ class ShardStore:
         entries: Sequence[LogEntry],
         *,
         mirror: bool = False,
-        payloads: Mapping[int, bytes] | None = None,
+        payloads: Mapping[int, Payload] | None = None,
     ) -> tuple[list[Applied], ShardMeta, list[LogEntry]]:
         """Fold entries into the transaction. With `mirror`, entries that extend the local
         log densely are written to it (with the payload bytes of their schedules, if given),
@@ -480,8 +496,8 @@ class ShardStore:
             if mirror:
                 if entry.position == log_end + 1:
                     txn.put(position_key(entry.position), encode_entry(entry), db=env.log)
-                    if payloads is not None and isinstance(entry.record, Schedule):
-                        self._store_payload(
+                    if payloads is not None:
+                        self._store_payloads(
                             txn, entry.record, payloads.get(entry.position), entry.position
                         )
                     logged.append(entry)
@@ -613,7 +629,10 @@ class ShardStore:
         above the applied position (a schedule not yet folded) names them."""
         candidates = set(released)
         candidates.update(
-            e.record.payload_digest.encode() for e in entries if isinstance(e.record, Schedule)
+            r.payload_digest.encode()
+            for e in entries
+            for r in members(e.record)
+            if isinstance(r, Schedule)
         )
         env = self._env
         for key in candidates:

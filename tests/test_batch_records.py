@@ -1,12 +1,14 @@
-"""Batch records (PUBLISH_ADMISSIONS_V1, PUBLISH_OUTCOMES_V1) mean exactly their items.
+"""Batch records (PUBLISH_ADMISSIONS_V1, PUBLISH_OUTCOMES_V1, COMMANDS_V1) mean exactly
+their items.
 
 A batch at one position must decide every item as the single records it stands for would be
 decided, one after another at the same persistence time: the same codes, the same effects,
 the same rows (apart from the positions written into them). The runtime's grouping of a
-tick's records must keep each command at its own entry."""
+tick's records must answer each command with its own item's outcome."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -14,12 +16,15 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from nereus import kernel as k
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import POSITION_CODES
 from nereus.kernel.effects import Effect, EntryOutcome
 from nereus.kernel.keys import attempt_prefix
 from nereus.kernel.model import TABLES
 from nereus.runtime.batching import MAX_BATCH_ITEMS, batch_runs
 from tests.builders import published, unknown
+from tests.runtime_harness import T0_MS, Harness
 from tests.strategies import Action, action_lists, drive, props
 
 OWNER = "node-a"
@@ -101,14 +106,49 @@ def outcomes(draw: st.DrawFn, state: k.State, now_ms: int) -> tuple[int, list[k.
     ]
 
 
+IDENTS = [("acme", "q", f"k{i}") for i in range(3)]
+DIGEST = "a" * 64
+
+
+@st.composite
+def commands(draw: st.DrawFn, state: k.State, now_ms: int) -> tuple[int, list[k.Record]]:
+    """Client commands on the state's timers and a few others, several often on one timer
+    (a later item must see what an earlier one did), with retries and stale versions."""
+    known = [
+        (m.tenant, m.queue, m.timer_key)
+        for _, m in state.items(k.Table.MESSAGES)
+        if isinstance(m, k.Message)
+    ]
+    idents = st.sampled_from(known + IDENTS)
+    bp_ms = now_ms + draw(st.sampled_from((0, 1, 60_000)))
+    found: list[k.Record] = []
+    for _ in range(draw(st.integers(1, 6))):
+        ident = draw(idents)
+        txn = draw(st.sampled_from(("t1", "t2", "t3")))
+        version = draw(st.sampled_from((None, None, 0, 1, 2)))
+        kind = draw(st.sampled_from(("schedule", "schedule", "reschedule", "cancel")))
+        if kind == "schedule":
+            delay = draw(st.sampled_from((0, 1_000, 90_000)))
+            size = draw(st.sampled_from((3, -1)))  # -1: refused, the batch goes on
+            found.append(
+                k.Schedule(*ident, txn, DIGEST, size, delay_ms=delay, expected_version=version)
+            )
+        elif kind == "reschedule":
+            delay = draw(st.sampled_from((0, 5_000)))
+            found.append(k.Reschedule(*ident, txn, delay_ms=delay, expected_version=version))
+        else:
+            found.append(k.Cancel(*ident, expected_version=version, txn=txn))
+    return bp_ms, found
+
+
 @props(150)
 @given(action_lists(), st.data())
 def test_a_batch_decides_each_item_as_the_single_records_would(
     actions: list[Action], data: st.DataObject
 ) -> None:
     d = drive(actions)
-    kind = data.draw(st.sampled_from(("admissions", "outcomes")))
-    drawn = admissions if kind == "admissions" else outcomes
+    kind = data.draw(st.sampled_from(("admissions", "outcomes", "commands")))
+    drawn = {"admissions": admissions, "outcomes": outcomes, "commands": commands}[kind]
     bp_ms, items = data.draw(drawn(d.state, d.now_ms))
     if not items:
         return
@@ -210,7 +250,7 @@ def test_runs_are_batched_and_commands_keep_their_own_entries() -> None:
         "Cancel",
         "PublishAdmission",
     ]
-    assert where == [0, 1, 1, 2, 2, 3, 4, 5]
+    assert where == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (4, 0), (5, 0)]
     flat = [m for r, _ in out for m in k.members(r)]
     assert flat == [r for r, _ in items]
 
@@ -222,4 +262,61 @@ def test_a_long_run_is_cut_into_records_of_at_most_the_bound() -> None:
     ]
     out, where = batch_runs(items)
     assert [len(k.members(r)) for r, _ in out] == [MAX_BATCH_ITEMS, MAX_BATCH_ITEMS, 3]
-    assert where[MAX_BATCH_ITEMS - 1] == 0 and where[MAX_BATCH_ITEMS] == 1
+    assert where[MAX_BATCH_ITEMS - 1] == (0, MAX_BATCH_ITEMS - 1)
+    assert where[MAX_BATCH_ITEMS] == (1, 0)
+
+
+def test_a_submission_of_commands_is_one_record_whose_items_answer_each() -> None:
+    sched = [schedule_record("q", f"k{n}", b"p%d" % n, delay_ms=1_000) for n in range(3)]
+    gate = (k.LaneGate("acme", "q", "CLOSED"), None)
+    items = [*sched, (k.Cancel("acme", "q", "k9"), None), gate, sched[0]]
+    units = [(0, 4), (4, 1), (5, 1)]
+    out, where = batch_runs(items, units)
+    assert [type(r).__name__ for r, _ in out] == ["CommandBatch", "LaneGate", "Schedule"]
+    batch, payloads = out[0]
+    assert isinstance(batch, k.CommandBatch) and list(k.members(batch)) == [r for r, _ in items[:4]]
+    assert payloads == (b"p0", b"p1", b"p2", None)
+    assert where == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (2, 0)]
+    # A submission holding anything but client commands stays as it was sent.
+    mixed, mixed_where = batch_runs([sched[1], gate], [(0, 2)])
+    assert [r for r, _ in mixed] == [sched[1][0], gate[0]]
+    assert mixed_where == [(0, 0), (1, 0)]
+
+
+def test_a_long_submission_is_cut_into_records_of_at_most_the_bound() -> None:
+    items = [(k.Cancel("acme", "q", f"k{n}"), None) for n in range(MAX_BATCH_ITEMS + 2)]
+    out, where = batch_runs(items, [(0, len(items))])
+    assert [len(k.members(r)) for r, _ in out] == [MAX_BATCH_ITEMS, 2]
+    assert where[-1] == (1, 1) and all(p is None for _, p in out)
+
+
+def test_the_runtime_logs_a_client_batch_as_one_record_and_answers_each_command(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path, SimulatedClock(T0_MS, error_ms=5))
+    try:
+        items = [
+            schedule_record("q", "a", b"first", delay_ms=0),
+            schedule_record("q", "b", b"second", delay_ms=60_000),
+            schedule_record("q", "a", b"again", delay_ms=0, txn="other"),
+            (k.Cancel("default", "q", "nobody"), None),
+            (k.Cancel("default", "q", "b"), None),
+        ]
+        answers = h.run(items)
+        (entry,) = [e for e in h.log() if isinstance(e.record, k.CommandBatch)]
+        assert [(o.position, o.index) for o in answers] == [(entry.position, n) for n in range(5)]
+        assert [o.code for o in answers] == [
+            k.Code.SCHEDULED,
+            k.Code.SCHEDULED,
+            k.Code.RESCHEDULED,  # the upsert of "a", seeing the first item's generation
+            k.Code.ABSENT,
+            k.Code.CANCELED,
+        ]
+        assert [o.record_type for o in answers][3:] == ["CANCEL_V1", "CANCEL_V1"]
+        # Each schedule's bytes were stored beside the one record; the live one is sent.
+        h.clock.advance(1_000)
+        h.tick(3)
+        (delivered,) = h.delivered()
+        assert delivered.payload == b"again" and not h.problems
+    finally:
+        h.close()

@@ -14,15 +14,19 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.kafka.config import KafkaServiceConfig
+from nereus.adapters.kafka.rpc import CommandRpc, Waiter, _one_record, _outcomes
 from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
+    checked_payloads,
     decode_envelope,
     decode_reply,
     encode_envelope,
@@ -34,13 +38,13 @@ from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import Cancel, LogEntry, Schedule
+from nereus.kernel.records import Cancel, CommandBatch, LogEntry, Schedule
 from nereus.runtime.clock import read_clock
 from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
 from nereus.storage.schema import LogSource
-from nereus.storage.store import ShardStore
+from nereus.storage.store import Appendable, ShardStore
 
 T0_MS = 1_780_000_000_000
 
@@ -57,7 +61,7 @@ def test_shard_of_an_identity_is_pinned() -> None:
 
 def test_envelopes_and_replies_round_trip() -> None:
     record, payload = schedule_record("q", "k", b"bytes", delay_ms=5, txn="t")
-    assert isinstance(record, Schedule) and payload is not None
+    assert isinstance(record, Schedule) and isinstance(payload, bytes)
     env = Envelope("r1", "proc", record, payload)
     assert decode_envelope(encode_envelope(env)) == env
     assert payload_matches(record, payload) and not payload_matches(record, b"other")
@@ -130,3 +134,66 @@ def test_scoped_metrics_label_and_forget_a_shard() -> None:
     drop_series(ScopedMetrics(root, {"shard": "0"}), {"shard": "0"})
     text = root.render()
     assert 'shard="0"' not in text and 'shard="1"' in text
+
+
+def _schedule(item: Appendable) -> Schedule:
+    assert isinstance(item[0], Schedule)
+    return item[0]
+
+
+def test_a_calls_commands_for_one_shard_travel_as_one_record_cut_by_size(
+    tmp_path: Path,
+) -> None:
+    rpc = CommandRpc(
+        KafkaServiceConfig(bootstrap="unused:1", data_dir=str(tmp_path)), 40_000, threading.Event()
+    )
+    rpc._shards = 2
+    items = [schedule_record("q", f"k{n}", b"x" * 10_000, txn=f"t{n}") for n in range(8)]
+    groups = rpc._groups(items)
+    # Each shard's commands in order, cut where the next payload would not fit the record.
+    for shard in (0, 1):
+        mine = [
+            item
+            for item in items
+            if shard_for("default", "q", _schedule(item).timer_key, 2) == shard
+        ]
+        runs = [group for s, group in groups if s == shard]
+        assert [item for run in runs for item in run] == mine
+        assert all(1 <= len(run) <= 3 for run in runs)
+    record, payload = _one_record(next(group for _s, group in groups if len(group) > 1))
+    assert isinstance(record, CommandBatch) and isinstance(payload, tuple)
+    assert len(payload) == len(record.items) and all(p == b"x" * 10_000 for p in payload)
+    checked, dropped = checked_payloads(record, payload)
+    assert checked == payload and not dropped
+    tampered = (b"y" * 10_000, *payload[1:])
+    checked, dropped = checked_payloads(record, tampered)
+    assert dropped and isinstance(checked, tuple) and checked[0] is None
+
+    # Outcomes come back per record (per shard); the call's answers are in its own order.
+    waiters: list[Waiter] = []
+    for shard, group in groups:
+        waiter = Waiter(len(group))
+        waiter.shard = shard
+        waiter.finish(
+            [
+                EntryOutcome(1, "SCHEDULE_V1", True, Code.SCHEDULED, txn=_schedule(i).txn)
+                for i in group
+            ],
+            None,
+        )
+        waiters.append(waiter)
+    answers = _outcomes(items, 2, waiters)
+    assert [o.txn for o in answers] == [f"t{n}" for n in range(8)]
+    short = Waiter(2)
+    short.finish([EntryOutcome(1, "SCHEDULE_V1", True, Code.SCHEDULED)], None)
+    assert short.error is not None and "1 outcomes for 2" in short.error
+
+
+def test_a_batch_reply_carries_every_items_outcome() -> None:
+    outcomes = tuple(EntryOutcome(4, "CANCEL_V1", False, Code.ABSENT, index=n) for n in range(3))
+    reply = Reply("r", outcomes[0], outcomes)
+    assert decode_reply(encode_reply(reply)).answers() == outcomes
+    single = Reply("r", outcomes[0])
+    assert decode_reply(encode_reply(single)).answers() == (outcomes[0],)
+    # A single reply is encoded exactly as before batches (no `outcomes` field).
+    assert b"outcomes" not in encode_reply(single)

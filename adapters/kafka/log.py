@@ -44,18 +44,18 @@ from nereus.adapters.kafka.log_writer import LogWriter
 from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
+    checked_payloads,
     decode_envelope,
-    payload_matches,
     watermarks,
 )
-from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import LogEntry, Schedule
+from nereus.kernel.effects import EntryOutcome, outcomes_of
+from nereus.kernel.records import LogEntry
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shardlog import COMMIT_BUCKETS_S, COMMIT_SECONDS, ShardLost
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import LogSource
-from nereus.storage.store import Appendable, Applied, ShardStore
+from nereus.storage.store import Appendable, Applied, Payload, ShardStore
 
 
 class KafkaLogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -94,7 +94,7 @@ class KafkaLog:
         config: KafkaLogConfig,
         *,
         group_metadata: Callable[[], Any] | None = None,
-        on_reply: Callable[[str, EntryOutcome], None] | None = None,
+        on_reply: Callable[[str, Sequence[EntryOutcome]], None] | None = None,
         logger: Logger | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -115,7 +115,7 @@ class KafkaLog:
         self._catchup_target: int | None = None
         self._caught_up = False
         self._folded_own_seq = 0
-        self._local_replies: list[tuple[str, EntryOutcome]] = []
+        self._local_replies: list[tuple[str, tuple[EntryOutcome, ...]]] = []
         self._undecodable = 0
         self.metrics.describe(
             COMMIT_SECONDS,
@@ -259,7 +259,7 @@ class KafkaLog:
         batch = self._buffer[: c.max_batch_records]
         del self._buffer[: len(batch)]
         entries: list[LogEntry] = []
-        payloads: dict[int, bytes] = {}
+        payloads: dict[int, Payload] = {}
         origin: dict[int, Envelope] = {}
         position = self.store.meta.position
         for m in batch:
@@ -282,11 +282,11 @@ class KafkaLog:
             position += 1
             entries.append(LogEntry(position, ts, envelope.record))
             origin[position] = envelope
-            record, payload = envelope.record, envelope.payload
-            if isinstance(record, Schedule) and payload is not None:
-                if payload_matches(record, payload):
-                    payloads[position] = payload
-                else:
+            if envelope.payload is not None:
+                checked, dropped = checked_payloads(envelope.record, envelope.payload)
+                if checked is not None:
+                    payloads[position] = checked
+                if dropped:
                     self.log.warning("payload_mismatch", position=position, offset=m.offset())
 
         def replies_then_write(results: list[Applied]) -> None:
@@ -296,12 +296,13 @@ class KafkaLog:
                 reply_to = envelope.reply_to
                 if reply_to is None or entry.persisted_at_ms < now_ms - c.reply_window_ms:
                     continue
-                outcome = effects[0]
-                assert isinstance(outcome, EntryOutcome)
+                answers = outcomes_of(entry.record, effects)
                 if reply_to == c.process_id and self._on_reply is not None:
-                    self._local_replies.append((envelope.request_id, outcome))
+                    self._local_replies.append((envelope.request_id, answers))
                 else:
-                    self._writer.replies.append((reply_to, Reply(envelope.request_id, outcome)))
+                    batch = answers if len(answers) > 1 else ()
+                    reply = Reply(envelope.request_id, answers[0], batch)
+                    self._writer.replies.append((reply_to, reply))
             before_commit(results)
 
         last_offset = batch[-1].offset()
@@ -356,8 +357,8 @@ class KafkaLog:
             write(results)
         local, self._local_replies = self._local_replies, []
         if self._on_reply is not None:
-            for request_id, outcome in local:
-                self._on_reply(request_id, outcome)
+            for request_id, answers in local:
+                self._on_reply(request_id, answers)
         if lost:
             raise lost[0]
         seconds = time.perf_counter() - started

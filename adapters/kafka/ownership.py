@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,7 @@ class ShardParts:
     store_options: StoreOptions | None
     metrics: Metrics
     # The outcome of a command this process sent, folded by a shard owned here.
-    on_reply: Callable[[str, EntryOutcome], None]
+    on_reply: Callable[[str, Sequence[EntryOutcome]], None]
     destination_factory: Callable[[int], Destination] | None = None
 
 

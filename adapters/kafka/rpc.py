@@ -1,7 +1,10 @@
 """Command RPC: commands out to their shards' partitions, outcomes back.
 
-Theory of operation: `execute` produces each command in an envelope to its shard's partition
-(an idempotent producer) with this process as `reply_to`, and waits for its outcome. The
+Theory of operation: `execute` produces the commands of one call to their shards' partitions
+(an idempotent producer) with this process as `reply_to`, and waits for their outcomes. The
+commands of a call that go to one shard travel as one record (`COMMANDS_V1`, their payloads
+beside it), cut so that a record stays within the topic's message size; the reply to it
+holds every item's outcome. The
 outcome comes from the local shard's fold when the shard is owned here (`complete`, called
 by the shard's log), else from the replies topic, which every process reads from its end
 (read_committed) and matches by request id. No other channel between processes exists. A
@@ -32,8 +35,15 @@ from nereus.adapters.kafka.wire import (
     watermarks,
 )
 from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.records import batched, encode_record
+from nereus.runtime.batching import MAX_BATCH_ITEMS
 from nereus.runtime.errors import Overloaded
 from nereus.storage.store import Appendable
+
+# What a batch envelope needs beyond its items' records and payloads (request id, reply
+# address, framing), and each item beyond its own encoding (array framing, a payload slot).
+ENVELOPE_ROOM_BYTES = 4096
+ITEM_ROOM_BYTES = 16
 
 NO_OUTCOME = (
     "no outcome in time: the command's shard may have no owner right now "
@@ -42,20 +52,25 @@ NO_OUTCOME = (
 
 
 class Waiter:
-    """One command's outcome (or the error that stands for it), once it comes."""
+    """The outcomes of one produced record, one per command it carries (or the error that
+    stands for them), once they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int = 1) -> None:
         self.event = threading.Event()
-        self.outcome: EntryOutcome | None = None
+        self.count = count
+        self.shard = -1
+        self.outcomes: Sequence[EntryOutcome] = ()
         self.error: str | None = None
         self._lock = threading.Lock()
         self._callback: Callable[[], None] | None = None
 
-    def finish(self, outcome: EntryOutcome | None, error: str | None) -> None:
+    def finish(self, outcomes: Sequence[EntryOutcome] | None, error: str | None) -> None:
+        if error is None and (outcomes is None or len(outcomes) != self.count):
+            error = f"the reply holds {len(outcomes or ())} outcomes for {self.count} commands"
         with self._lock:
             if self.event.is_set():
                 return
-            self.outcome, self.error = outcome, error
+            self.outcomes, self.error = outcomes or (), error
             self.event.set()
             callback = self._callback
         if callback is not None:
@@ -120,9 +135,10 @@ class CommandRpc:
     # Commands -----------------------------------------------------------------------------
 
     def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
-        """Produce each command to its shard and wait for every outcome. The commands of one
-        call are independent records (several shards): a failure answers Unavailable
-        though some may have been appended; retrying a schedule with its txn is safe."""
+        """Produce the commands to their shards and wait for every outcome. The commands of
+        one call are independent records when they go to several shards (or do not fit one):
+        a failure answers Unavailable though some may have been appended; retrying a
+        schedule with its txn is safe."""
         deadline = time.monotonic() + timeout_s
         ids: list[str] = []
         waiters: list[Waiter] = []
@@ -131,7 +147,7 @@ class CommandRpc:
             for waiter in waiters:
                 if not waiter.event.wait(max(deadline - time.monotonic(), 0)):
                     raise TimeoutError(NO_OUTCOME)
-            return _outcomes(waiters)
+            return _outcomes(items, self._shards, waiters)
         finally:
             self._forget(ids)
 
@@ -154,35 +170,58 @@ class CommandRpc:
                 await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
             except TimeoutError:
                 raise TimeoutError(NO_OUTCOME) from None
-            return _outcomes(waiters)
+            return _outcomes(items, self._shards, waiters)
         finally:
             self._forget(ids)
 
     def _produce(self, items: Sequence[Appendable], ids: list[str], waiters: list[Waiter]) -> None:
-        """Produce each command, registering its waiter (in `ids`/`waiters` as it goes, so
-        the caller forgets them whatever happens)."""
+        """Produce the commands, one record per shard (and size cut), registering each
+        record's waiter (in `ids`/`waiters` as it goes, so the caller forgets them whatever
+        happens). The waiters' outcomes, concatenated, are in the order of `items`: callers
+        hand in one shard's commands at a time or accept the order `_order` restores."""
         producer = self._producer
         if producer is None:
             raise Unavailable("the Kafka service is not started")
-        for record, payload in items:
+        for shard, group in self._groups(items):
             request_id = uuid.uuid4().hex
-            waiter = Waiter()
+            waiter = Waiter(len(group))
+            waiter.shard = shard
             with self._waiters_lock:
                 self._waiters[request_id] = waiter
             ids.append(request_id)
             waiters.append(waiter)
+            record, payload = _one_record(group)
             envelope = Envelope(request_id, self.config.process_id, record, payload)
             try:
                 producer.produce(
                     self.config.commands_topic,
                     value=encode_envelope(envelope),
-                    partition=command_shard(record, self._shards),
+                    partition=shard,
                     on_delivery=self._on_delivery(request_id),
                 )
             except BufferError as exc:
                 raise Overloaded("the command producer's queue is full") from exc
             except KafkaException as exc:
                 raise Unavailable(f"cannot produce the command: {exc.args[0]}") from exc
+
+    def _groups(self, items: Sequence[Appendable]) -> list[tuple[int, list[Appendable]]]:
+        """The commands by shard, in order of first appearance, each shard's cut into runs
+        of at most `MAX_BATCH_ITEMS` whose payloads fit one record."""
+        by_shard: dict[int, list[list[Appendable]]] = {}
+        room: dict[int, int] = {}
+        budget = self._max_message_bytes - ENVELOPE_ROOM_BYTES
+        for item in items:
+            record, payload = item
+            shard = command_shard(record, self._shards)
+            size = ITEM_ROOM_BYTES + len(encode_record(record))
+            size += len(payload) if isinstance(payload, bytes) else 0
+            runs = by_shard.setdefault(shard, [])
+            if not runs or len(runs[-1]) >= MAX_BATCH_ITEMS or room[shard] < size:
+                runs.append([])
+                room[shard] = budget
+            runs[-1].append(item)
+            room[shard] -= size
+        return [(shard, run) for shard, runs in by_shard.items() for run in runs]
 
     def _forget(self, ids: list[str]) -> None:
         with self._waiters_lock:
@@ -197,14 +236,17 @@ class CommandRpc:
         return on_delivery
 
     def complete(
-        self, request_id: str, outcome: EntryOutcome | None, error: str | None = None
+        self,
+        request_id: str,
+        outcomes: Sequence[EntryOutcome] | None,
+        error: str | None = None,
     ) -> None:
-        """The outcome of a command this process sent (from a reply, or from the fold of a
+        """The outcomes of a record this process sent (from a reply, or from the fold of a
         shard owned here)."""
         with self._waiters_lock:
             waiter = self._waiters.get(request_id)
         if waiter is not None:
-            waiter.finish(outcome, error)
+            waiter.finish(outcomes, error)
 
     # Threads ------------------------------------------------------------------------------
 
@@ -226,7 +268,7 @@ class CommandRpc:
                     reply = decode_reply(m.value() or b"")
                 except msgspec.DecodeError:
                     continue
-                self.complete(reply.request_id, reply.outcome)
+                self.complete(reply.request_id, reply.answers())
 
     def close(self) -> None:
         """After the threads stopped: close the clients and fail every command still
@@ -243,14 +285,35 @@ class CommandRpc:
             waiter.finish(None, "the service is stopping")
 
 
-def _outcomes(waiters: list[Waiter]) -> list[EntryOutcome]:
-    outcomes: list[EntryOutcome] = []
+def _one_record(group: list[Appendable]) -> Appendable:
+    """A shard's run of commands as the record that carries it: itself, or a batch."""
+    if len(group) == 1:
+        return group[0]
+    payloads: list[bytes | None] = []
+    for _record, payload in group:
+        payloads.append(payload if isinstance(payload, bytes) else None)
+    record = batched([r for r, _p in group])
+    return record, tuple(payloads) if any(p is not None for p in payloads) else None
+
+
+def _outcomes(
+    items: Sequence[Appendable], shards: int, waiters: list[Waiter]
+) -> list[EntryOutcome]:
+    """Each item's outcome, in the order of `items` (the waiters hold them by shard)."""
     for waiter in waiters:
         if waiter.error is not None:
             raise Unavailable(waiter.error)
-        assert waiter.outcome is not None
-        outcomes.append(waiter.outcome)
-    return outcomes
+    by_shard: dict[int, list[EntryOutcome]] = {}
+    for waiter in waiters:
+        by_shard.setdefault(waiter.shard, []).extend(waiter.outcomes)
+    taken: dict[int, int] = {}
+    ordered: list[EntryOutcome] = []
+    for record, _payload in items:
+        shard = command_shard(record, shards)
+        at = taken.get(shard, 0)
+        ordered.append(by_shard[shard][at])
+        taken[shard] = at + 1
+    return ordered
 
 
 def _waker(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> Callable[[], None]:
