@@ -6,7 +6,7 @@ spread over the processes by the consumer group. Each process therefore also ans
 of the shards it owns on a private loopback port (`SiblingReader`), and registers that port
 in the supervisor's directory (`SiblingDirectory`). A process asked for a timer whose shard
 it does not own asks its siblings (`Siblings.peek`); a listing, which reads every shard,
-gathers each sibling's part (`Siblings.list_timers`). The private port accepts only requests
+gathers each sibling's part (`Siblings.parts`). The private port accepts only requests
 carrying the supervisor's token (`NEREUS_SIBLING_TOKEN`, made fresh at each start), so
 another local user cannot read timers through it without the service's credentials. A
 sibling's answer is as fresh as a local read (its shard's latest commit); a shard that no
@@ -24,16 +24,13 @@ import threading
 import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.local.results import Peek
 from nereus.kernel.model import Message
-
-if TYPE_CHECKING:  # the reader side needs no Kafka client: `nereus serve` imports it
-    from nereus.adapters.kafka.ownership import OwnedShard
 
 TOKEN_ENV = "NEREUS_SIBLING_TOKEN"
 TOKEN_HEADER = "X-Nereus-Sibling"
@@ -221,22 +218,3 @@ def merge_parts(parts: list[Part], shards: int, limit: int) -> tuple[list[Messag
         raise ShardNotLocal(f"shards {missing} are not readable by any process right now")
     rows.sort(key=lambda m: m.timer_key.encode())
     return rows[:limit], more or len(rows) > limit
-
-
-def local_part(
-    owned: dict[int, OwnedShard], tenant: str, queue: str, after: str | None, limit: int
-) -> Part:
-    """This process's part of a listing: every shard it owns and has caught up."""
-    shards: list[int] = []
-    rows: list[Message] = []
-    more = False
-    for partition, shard in sorted(owned.items()):
-        with shard.lock:
-            if shard.closed or not shard.runtime.is_recovered():
-                continue
-            with shard.store.read() as view:
-                page, truncated = view.list_timers(tenant, queue, after, limit)
-        shards.append(partition)
-        rows.extend(page)
-        more = more or truncated
-    return Part(shards, rows, more)
