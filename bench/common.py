@@ -1,8 +1,9 @@
 """Helpers the benches share: progress on stderr, process memory from /proc, percentiles,
-and a description of the machine."""
+a description of the machine, and the writing of results files."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -131,3 +132,11 @@ def git_revision() -> dict[str, object]:
     except (OSError, subprocess.CalledProcessError):
         return {}
     return {"commit": head, "uncommitted_changes": bool(dirty)}
+
+
+def write_json(path: str | None, doc: object) -> None:
+    """A bench's results, to the file its --json names (nothing without one). Every results
+    file has this one format: the suite writes its own with it and reads the benches' back."""
+    if path:
+        with open(path, "w") as out:
+            json.dump(doc, out, indent=1)

@@ -21,7 +21,6 @@ instructions counted by valgrind's callgrind, which a shared VM's speed does not
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import resource
@@ -35,7 +34,7 @@ from typing import Any
 
 import lmdb
 
-from bench.common import PAYLOAD, T0_MS, say
+from bench.common import PAYLOAD, T0_MS, say, write_json
 from nereus import kernel as k
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
@@ -261,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             f"durable schedule, batches of {row['batch']}: {row['cpu_us_per_schedule']} us CPU"
             f"{extra}  (raw put+sync {row['raw_put_sync_cpu_us_per_entry']} us)"
         )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=1)
+    write_json(args.json, result)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import os
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import PAYLOAD, Progress, pct
+from bench.common import PAYLOAD, Progress, pct, write_json
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.local.embedded import schedule_record
@@ -270,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             f"lag p50 {lat['lag_p50_ms']} ms  p99 {lat['lag_p99_ms']} ms  "
             f"max {lat['lag_max_ms']} ms  early {lat['early']}{floor}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import PAYLOAD, Progress
+from bench.common import PAYLOAD, Progress, write_json
 from nereus.adapters.local.embedded import Nereus, schedule_record
 
 BATCH = 256
@@ -153,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         f"500 connections at once: {burst['ok']} of {burst['clients']} answered 200 in "
         f"{burst['elapsed_s']} s (p99 {burst['p99_ms']} ms)"
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(r, f, indent=1)
+    write_json(args.json, r)
     return 0
 
 

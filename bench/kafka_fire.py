@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from bench.common import say
+from bench.common import say, write_json
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.destination import KafkaDestination, KafkaDestinationConfig
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
@@ -301,11 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no broker: ./scripts/kafka start, then --bootstrap or NEREUS_KAFKA_BOOTSTRAP")
         return 2
     result = run(args.bootstrap, args.timers, args.shards, args.rate, args.seconds)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print(json.dumps(result, indent=2))
+    write_json(args.out, result)
     return 0
 
 

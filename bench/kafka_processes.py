@@ -31,7 +31,7 @@ import urllib.request
 import uuid
 from typing import Any
 
-from bench.common import say
+from bench.common import say, write_json
 from bench.kafka_fire import DEST_PARTITIONS, PAYLOAD, _read, _topic
 
 BATCH = 256
@@ -185,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.processes.split(",")]
     result = run(args.bootstrap, counts, args.timers, args.shards)
     print(json.dumps(result, indent=2))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=1)
+    write_json(args.json, result)
     return 0
 
 

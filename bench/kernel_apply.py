@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench import preload
-from bench.common import PAYLOAD, Progress, status_mb
+from bench.common import PAYLOAD, Progress, status_mb, write_json
 from nereus import kernel as k
 from nereus.kernel.records import decode_entry, encode_entry
 
@@ -186,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['live_timers']:>12,} {r['decode_per_s']:>10,} {r['apply_per_s']:>10,} "
             f"{r['apply_vs_decode']:>12.3f}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 

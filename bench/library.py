@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import PAYLOAD, T0_MS
+from bench.common import PAYLOAD, T0_MS, write_json
 from nereus.adapters.local.arguments import schedule_record
 from nereus.adapters.local.consumer import LocalConsumer
 from nereus.adapters.local.destination import LocalDestination
@@ -123,11 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     figures = run(args.records, os.environ.get("NEREUS_BENCH_DIR"))
-    text = json.dumps(figures, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    print(json.dumps(figures, indent=2))
+    write_json(args.json, figures)
     return 0
 
 

@@ -11,7 +11,6 @@ mutable `dict` as the raw floor.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 from pyrsistent import PMap, pmap
 
+from bench.common import write_json
 from nereus.kernel.overlay import Overlay
 
 ROUNDS_KEYS = 200_000
@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['batch']:>8,} {r['dict_per_s']:>12,} {r['pmap_per_s']:>12,} "
             f"{r['overlay_per_s']:>14,} {r['overlay_vs_pmap']:>13.2f}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.json, rows)
     return 0
 
 

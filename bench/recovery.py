@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import say
+from bench.common import say, write_json
 from tests.kafka_cluster import (
     ServiceProc,
     Topics,
@@ -150,10 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.bootstrap:
         parser.error("a broker is needed: --bootstrap or NEREUS_KAFKA_BOOTSTRAP")
     result = run(args.bootstrap, [int(x) for x in args.inflight.split(",")])
-    text = json.dumps(result, indent=1)
-    if args.json:
-        Path(args.json).write_text(text)
-    print(text)
+    write_json(args.json, result)
+    print(json.dumps(result, indent=1))
     return 0
 
 

@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import say
+from bench.common import say, write_json
 from bench.storage_apply import _remove, _sample
 
 CGROUPS_V1_MEMORY = "/sys/fs/cgroup/memory"
@@ -156,9 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"peak anonymous {r['peak_rssanon_mb']:>8} MB  VmHWM {r['peak_vmhwm_mb']:>8} MB"
                 f"{within}"
             )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(rows, out, indent=1)
+    write_json(args.json, rows)
     return 0
 
 

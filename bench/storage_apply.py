@@ -34,7 +34,7 @@ import lmdb
 import msgspec
 
 from bench import preload
-from bench.common import PAYLOAD, T0_MS, Progress, say, status_mb
+from bench.common import PAYLOAD, T0_MS, Progress, say, status_mb, write_json
 from nereus import kernel as k
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
@@ -301,9 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             f"peak anonymous RSS {row['peak_rssanon_mb']} MB, VmHWM {row['vmhwm_mb']} MB "
             f"(LMDB file pages at peak {row['peak_rssfile_mb']} MB)"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 

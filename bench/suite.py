@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.common import git_revision, machine, say
+from bench.common import git_revision, machine, say, write_json
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # The disk-heavy memory bench (a 15 GB store at 10M) runs after the latency-sensitive ones.
@@ -856,8 +856,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 entry["status"] = status
             path = os.path.join(s.out, f"{name}.json")
-            with open(path, "w") as fh:
-                json.dump(result, fh, indent=1)
+            write_json(path, result)
             entry["file"] = os.path.relpath(path, s.out)
         else:
             for fig in own:
@@ -889,8 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         "plots": [os.path.relpath(p, s.out) for p in plots],
     }
     path = os.path.join(s.out, "suite.json")
-    with open(path, "w") as fh:
-        json.dump(doc, fh, indent=1)
+    write_json(path, doc)
     print(table(figures))
     notes = [f"  {f.title}: {f.note}" for f in figures if f.note]
     if notes:

@@ -4,16 +4,22 @@ Against the real broker: the supervisor's two processes share the shards through
 every request to the one address is answered whichever process accepts it (a peek or a
 listing of a shard the other owns is read there), a killed process is started again and
 takes part again, and SIGTERM stops everything with exit code 0. Delivery is audited from
-the destination topic and the shard logs as in the other Kafka-mode tests.
+the destination topic and the shard logs as in the other Kafka-mode tests. One scrape of
+/metrics at the address answers for both processes: their counters summed, every shard's
+gauges, each process's own gauges under its name.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+from nereus.adapters.kafka.siblings import TOKEN_ENV, TOKEN_HEADER
 from tests import kafka_env
 from tests.kafka_cluster import (
     ServiceProc,
@@ -165,3 +171,81 @@ def test_a_supervisor_killed_outright_takes_its_processes_with_it(
         assert len(stopped) == PROCESSES, "each process stops as on SIGTERM"
     finally:
         sup.kill()
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> str:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+def _samples(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The series of `name` carrying `labels`, read with a pattern of its own (not the
+    parser under test)."""
+    found = []
+    for m in re.finditer(rf"^{re.escape(name)}(?:{{([^}}]*)}})? (\S+)$", text, re.MULTILINE):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            found.append((have, float(m.group(2))))
+    return found
+
+
+def _total(text: str, name: str, **labels: str) -> float:
+    return sum(v for _, v in _samples(text, name, **labels))
+
+
+def _own_metrics(sup: ServiceProc) -> dict[str, str]:
+    """process name -> its own metrics, from its private port (the token read from its
+    environment, as only the service's user can)."""
+    own: dict[str, str] = {}
+    for entry in sorted((sup.data / "siblings").glob("process-*.json")):
+        doc = json.loads(entry.read_text())
+        with open(f"/proc/{doc['pid']}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        token = env[TOKEN_ENV.encode()].decode()
+        own[doc["process"]] = _get(f"http://{doc['read']}/metrics", {TOKEN_HEADER: token})
+    return own
+
+
+def test_one_scrape_answers_for_every_process(kafka_bootstrap: str, tmp_path: Path) -> None:
+    destination = create_topic(
+        kafka_bootstrap,
+        unique_topic("dest"),
+        partitions=2,
+        config={"message.timestamp.type": "LogAppendTime"},
+    )
+    sup = _supervisor(kafka_bootstrap, Topics.unique(destination), tmp_path)
+    keys = [f"m{i}" for i in range(40)]
+    try:
+        sup.start().wait_serving()
+        wait_until(lambda: len(_serving(sup)) == PROCESSES, 60, "both processes serving")
+        wait_until(lambda: _all_active(sup), 90, "the shards spread over both processes")
+        schedule_many(sup, keys, delay_ms=0)
+
+        def published() -> float:
+            return _total(
+                _get(sup.url + "/metrics"), "nereus_outcomes_total", **{"class": "PUBLISHED"}
+            )
+
+        wait_until(lambda: published() == len(keys), 60, "every timer published")
+        merged = _get(sup.url + "/metrics")
+        own = _own_metrics(sup)
+        assert sup.stop() == 0
+    finally:
+        sup.kill()
+    assert sorted(own) == ["process-0", "process-1"]
+    for name, labels in [
+        ("nereus_outcomes_total", {"class": "PUBLISHED"}),
+        ("nereus_fire_lag_seconds_count", {}),
+        ("nereus_fire_lag_seconds_bucket", {"le": "+Inf"}),
+    ]:
+        each = [_total(text, name, **labels) for text in own.values()]
+        assert all(each), f"{name}: each process fired some timers: {each}"
+        assert _total(merged, name, **labels) == sum(each) == len(keys), (name, each)
+    shards = {have["shard"] for have, _ in _samples(merged, "nereus_applied_position")}
+    assert shards == {str(s) for s in range(SHARDS)}
+    processes = {have.get("process") for have, _ in _samples(merged, "process_open_fds")}
+    assert processes == {"process-0", "process-1"}
+    assert _total(merged, "nereus_metrics_processes") == PROCESSES
+    assert _total(merged, "nereus_metrics_siblings_missing") == 0

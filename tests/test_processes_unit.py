@@ -1,5 +1,6 @@
 """The parts of `serve --processes` that need no broker: each process's command line, the
-merge of listing parts, the sibling registry and the private read port's token."""
+merge of listing parts, the sibling registry, the private read port's token, and a scrape
+merged over the siblings that answer."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from nereus.adapters.kafka.siblings import (
 )
 from nereus.adapters.local.results import Peek
 from nereus.kernel.model import Message, Table
+from nereus.runtime.metrics import Metrics
 from tests.builders import schedule
 from tests.strategies import drive
 
@@ -81,7 +83,7 @@ def test_the_private_read_port_answers_only_with_the_token(tmp_path: Path) -> No
     def part(tenant: str, queue: str, after: str | None, limit: int) -> Part:
         return Part([0], [], False)
 
-    reader = SiblingReader("secret", peek, part)
+    reader = SiblingReader("secret", peek, part, lambda: "")
     reader.start()
     try:
         host, port = reader.address.split(":")
@@ -108,3 +110,44 @@ def test_the_private_read_port_answers_only_with_the_token(tmp_path: Path) -> No
         assert SiblingDirectory(str(tmp_path), "process-1").others() == []
     finally:
         reader.stop()
+
+
+def _registry(fired: float) -> Metrics:
+    m = Metrics()
+    m.describe("nereus_outcomes_total", "counter", "Publish outcomes recorded, by class.")
+    m.describe("process_open_fds", "gauge", "Open file descriptors.")
+    m.inc("nereus_outcomes_total", fired, {"class": "PUBLISHED", "shard": "0"})
+    m.set("process_open_fds", fired)
+    return m
+
+
+def test_a_scrape_sums_the_siblings_that_answer_and_counts_the_others(tmp_path: Path) -> None:
+    own, theirs = _registry(3), _registry(4)
+
+    def no_peek(tenant: str, queue: str, key: str) -> Peek:
+        raise ShardNotLocal("not here")
+
+    def no_part(tenant: str, queue: str, after: str | None, limit: int) -> Part:
+        return Part([], [], False)
+
+    reader = SiblingReader("secret", no_peek, no_part, theirs.render)
+    reader.start()
+    try:
+        host, port = reader.address.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 403
+        conn.close()
+        registry = SiblingDirectory(str(tmp_path), "process-0")
+        SiblingDirectory(str(tmp_path), "process-1").register(reader.address)
+        # Registered, then gone without unregistering (killed): nothing listens there.
+        SiblingDirectory(str(tmp_path), "process-2").register("127.0.0.1:1")
+        lines = Siblings(registry, "secret").metrics(own.render()).splitlines()
+    finally:
+        reader.stop()
+    assert 'nereus_outcomes_total{class="PUBLISHED",shard="0"} 7' in lines
+    assert 'process_open_fds{process="process-0"} 3' in lines
+    assert 'process_open_fds{process="process-1"} 4' in lines
+    assert "nereus_metrics_processes 2" in lines
+    assert "nereus_metrics_siblings_missing 1" in lines
+    assert not any("process-2" in line for line in lines)

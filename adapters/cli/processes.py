@@ -6,7 +6,8 @@ Kafka-mode service processes instead, which share the shards through the consume
 processes on different machines do. It binds the HTTP socket once and every process inherits
 it (`--http-fd`), so each connection is accepted by one of them and clients see one address.
 Reads of a shard another process owns go to that process over a private loopback port
-(`adapters.kafka.siblings`), registered in DATA/siblings with a token made fresh at each start.
+(`adapters.kafka.siblings`), registered in DATA/siblings with a token made fresh at each start;
+a scrape of /metrics gathers every process's metrics over the same ports and merges them.
 
 Each process keeps its own data directory, DATA/process-<i>, across restarts, so a restarted
 process rejoins the group under the same static member id and reopens its stores. A process
@@ -42,6 +43,7 @@ from nereus.adapters.kafka.siblings import (
 from nereus.runtime.log import Logger
 
 if TYPE_CHECKING:
+    from nereus.adapters.http.api import TimerApi
     from nereus.adapters.kafka.service import KafkaService
 
 RESTART_BACKOFF_S = 1.0
@@ -196,17 +198,22 @@ def inherited_socket(fd: int) -> socket.socket:
     return sock
 
 
-def join_siblings(service: KafkaService, directory: str, name: str | None) -> Callable[[], None]:
-    """Serve this process's reads to its siblings and ask them for theirs; returns the step
-    that leaves (first in the stopping order: the siblings stop asking before the shards go)."""
+def join_siblings(
+    service: KafkaService, api: TimerApi, directory: str, name: str | None
+) -> Callable[[], None]:
+    """Serve this process's reads and metrics to its siblings and ask them for theirs (a
+    read of a shard owned elsewhere, every scrape of /metrics); returns the step that leaves
+    (first in the stopping order: the siblings stop asking before the shards go)."""
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         raise SystemExit(f"--sibling-dir needs {TOKEN_ENV} (set by the supervisor)")
-    reader = SiblingReader(token, service.peek_here, service.part_here)
+    reader = SiblingReader(token, service.peek_here, service.part_here, api.own_metrics)
     registry = SiblingDirectory(directory, name or f"pid-{os.getpid()}")
     reader.start()
     registry.register(reader.address)
-    service.siblings = Siblings(registry, token)
+    siblings = Siblings(registry, token)
+    service.siblings = siblings
+    api.machine_metrics = siblings.metrics
 
     def leave() -> None:
         registry.unregister()

@@ -421,10 +421,10 @@ def serve_kafka(
     if made is None:
         service.close()
         return 2
-    _, server = made
+    api, server = made
     stopping: list[Callable[[], None]] = [server.stop, service.close]
     if args.sibling_dir is not None:
-        stopping = [join_siblings(service, args.sibling_dir, args.process_name), *stopping]
+        stopping = [join_siblings(service, api, args.sibling_dir, args.process_name), *stopping]
     _tune_gc()
     server.start()
     _log_auth(tenancy, log)

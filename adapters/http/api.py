@@ -136,6 +136,9 @@ class TimerApi:
         self.policy = Policy(self.tenancy, rate_limiter or RateLimiter(), self.blocks)
         self.log = (logger or Logger()).child("http")
         self.process = ProcessMetrics(self.backend.metrics)
+        # Under `serve --processes`: this process's metrics text -> the machine's (set by
+        # `adapters.cli.processes.join_siblings`); None answers for this process alone.
+        self.machine_metrics: Callable[[str], str] | None = None
         self.backend.metrics.describe(
             REQUEST_SECONDS, "histogram", "HTTP request durations by route and status."
         )
@@ -253,8 +256,16 @@ class TimerApi:
         return json_response(200 if ok else 503, doc)
 
     async def _metrics(self, _who: Principal | None, _req: Request) -> Response:
+        text = self.own_metrics()
+        if self.machine_metrics is not None:
+            # Asks the sibling processes over loopback: off the event loop.
+            text = await self._read(self.machine_metrics, text)
+        return Response(200, "text/plain; version=0.0.4", text.encode())
+
+    def own_metrics(self) -> str:
+        """This process's metrics alone, `process_*` read afresh."""
         self.process.refresh()
-        return Response(200, "text/plain; version=0.0.4", self.backend.metrics.render().encode())
+        return self.backend.metrics.render()
 
     async def _openapi_doc(self, _who: Principal | None, _req: Request) -> Response:
         return Response(200, JSON, self._openapi_body)

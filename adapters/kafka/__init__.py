@@ -9,5 +9,7 @@
                     topics.py (topic admin), ownership.py (group membership, shard
                     lifecycle), rpc.py (commands and replies), reads.py
     library.py      KafkaNereus, the library calls over the commands topic
+    siblings.py     reads and /metrics across the processes of one `serve --processes`
+                    (exposition.py merges their metrics texts; neither needs the extra)
     wire.py         the envelopes and replies on the topics
 """

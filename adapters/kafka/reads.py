@@ -2,15 +2,18 @@
 
 Theory of operation: a peek needs the timer's shard owned here and caught up; a queue
 listing needs every shard (`ShardNotLocal` otherwise), each read in its own snapshot, one
-after the other, and merged in key order. Tenant usage for quotas is the sum over the shards
-this process owns right now, so with shards spread over processes a quota sees part of the
-usage. Each shard is read under its lock, so a shard being closed is never read.
+after the other, and merged in key order: the same part and merge as a listing gathered from
+the processes of one supervisor (`adapters.kafka.siblings`), with every part here. Tenant
+usage for quotas is the sum over the shards this process owns right now, so with shards
+spread over processes a quota sees part of the usage. Each shard is read under its lock, so
+a shard being closed is never read.
 """
 
 from __future__ import annotations
 
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.ownership import OwnedShard
+from nereus.adapters.kafka.siblings import Part, merge_parts
 from nereus.adapters.kafka.wire import shard_for
 from nereus.adapters.local.embedded import Peek, peek_store
 from nereus.kernel.model import Message, TenantUsage
@@ -47,19 +50,31 @@ def list_timers(
         raise ShardNotLocal(
             f"listing a queue reads every shard; shards {missing} are not owned by this process"
         )
+    part = local_part(owned, tenant, queue, after, limit)
+    unread = [p for p in range(shards) if p not in part.shards]
+    if unread:
+        raise ShardNotLocal(f"shard {unread[0]} is not readable here right now")
+    return merge_parts([part], shards, limit)
+
+
+def local_part(
+    owned: dict[int, OwnedShard], tenant: str, queue: str, after: str | None, limit: int
+) -> Part:
+    """This process's part of a listing: every shard it owns and has caught up (a shard
+    closing or still catching up is left out, for the merge to find missing)."""
+    shards: list[int] = []
     rows: list[Message] = []
     more = False
-    for partition in range(shards):
-        shard = owned[partition]
+    for partition, shard in sorted(owned.items()):
         with shard.lock:
             if shard.closed or not shard.runtime.is_recovered():
-                raise ShardNotLocal(f"shard {partition} is not readable here right now")
+                continue
             with shard.store.read() as view:
                 page, truncated = view.list_timers(tenant, queue, after, limit)
+        shards.append(partition)
         rows.extend(page)
         more = more or truncated
-    rows.sort(key=lambda m: m.timer_key.encode())
-    return rows[:limit], more or len(rows) > limit
+    return Part(shards, rows, more)
 
 
 def tenant_usage(owned: dict[int, OwnedShard], tenant: str) -> TenantUsage:

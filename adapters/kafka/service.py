@@ -35,7 +35,7 @@ from nereus.adapters.kafka import reads
 from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.ownership import ShardOwnership, ShardParts
 from nereus.adapters.kafka.rpc import CommandRpc
-from nereus.adapters.kafka.siblings import Part, Siblings, local_part, merge_parts
+from nereus.adapters.kafka.siblings import Part, Siblings, merge_parts
 from nereus.adapters.kafka.topics import ensure_topics
 from nereus.adapters.local.embedded import Peek
 from nereus.kernel.config import KernelConfig
@@ -175,7 +175,7 @@ class KafkaService:
         return merge_parts(parts, self.shards, limit)
 
     def part_here(self, tenant: str, queue: str, after: str | None, limit: int) -> Part:
-        return local_part(self.ownership.snapshot(), tenant, queue, after, limit)
+        return reads.local_part(self.ownership.snapshot(), tenant, queue, after, limit)
 
     def tenant_usage(self, tenant: str = DEFAULT_TENANT) -> TenantUsage:
         """Summed over the shards this process owns right now: in Kafka mode a quota counts

@@ -6,11 +6,15 @@ spread over the processes by the consumer group. Each process therefore also ans
 of the shards it owns on a private loopback port (`SiblingReader`), and registers that port
 in the supervisor's directory (`SiblingDirectory`). A process asked for a timer whose shard
 it does not own asks its siblings (`Siblings.peek`); a listing, which reads every shard,
-gathers each sibling's part (`Siblings.list_timers`). The private port accepts only requests
-carrying the supervisor's token (`NEREUS_SIBLING_TOKEN`, made fresh at each start), so
+gathers each sibling's part (`Siblings.parts`); a scrape of `/metrics` gathers each sibling's
+own metrics and merges them (`Siblings.metrics`, `adapters.kafka.exposition`), so one
+address answers for the machine. The private port accepts only requests carrying the
+supervisor's token (`NEREUS_SIBLING_TOKEN`, made fresh at each start), so
 another local user cannot read timers through it without the service's credentials. A
 sibling's answer is as fresh as a local read (its shard's latest commit); a shard that no
-process owns right now (a rebalance) is `ShardNotLocal`, as it is for a single process.
+process owns right now (a rebalance) is `ShardNotLocal`, as it is for a single process. A
+sibling that does not answer a scrape in `METRICS_TIMEOUT_S` (restarting, stuck) is left out
+of it and counted in `nereus_metrics_siblings_missing`: the scrape itself never fails for it.
 """
 
 from __future__ import annotations
@@ -23,21 +27,25 @@ import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from nereus.adapters.errors import ShardNotLocal
+from nereus.adapters.kafka import exposition
 from nereus.adapters.local.results import Peek
 from nereus.kernel.model import Message
-
-if TYPE_CHECKING:  # the reader side needs no Kafka client: `nereus serve` imports it
-    from nereus.adapters.kafka.ownership import OwnedShard
 
 TOKEN_ENV = "NEREUS_SIBLING_TOKEN"
 TOKEN_HEADER = "X-Nereus-Sibling"
 TIMEOUT_S = 10.0
+# A scrape waits this long for its siblings, all asked at once: a live process renders its
+# metrics in milliseconds, and Prometheus gives a whole scrape 10 s by default.
+METRICS_TIMEOUT_S = 2.0
+MERGED = "nereus_metrics_processes"
+MISSING = "nereus_metrics_siblings_missing"
 
 
 class Part(msgspec.Struct, frozen=True):
@@ -77,26 +85,33 @@ class SiblingDirectory:
 
     def others(self) -> list[str]:
         """The read addresses of the other processes, in name order."""
-        found: list[str] = []
+        return [address for _, address in self.entries()]
+
+    def entries(self) -> list[tuple[str, str]]:
+        """(name, read address) of each other process, in name order."""
+        found: list[tuple[str, str]] = []
         for entry in sorted(os.listdir(self.path)):
             if not entry.endswith(".json") or entry == f"{self.name}.json":
                 continue
             try:
                 with open(os.path.join(self.path, entry)) as f:
-                    found.append(str(json.load(f)["read"]))
+                    doc = json.load(f)
+                found.append((str(doc["process"]), str(doc["read"])))
             except (OSError, ValueError, KeyError):
                 continue  # being replaced, or left by a process that died mid-write
         return found
 
 
 class SiblingReader:
-    """This process's private read port: peeks and listing parts of the shards it owns."""
+    """This process's private read port: peeks and listing parts of the shards it owns, and
+    its own metrics (`metrics`: the exposition text, unmerged)."""
 
     def __init__(
         self,
         token: str,
         peek: Callable[[str, str, str], Peek],
         part: Callable[[str, str, str | None, int], Part],
+        metrics: Callable[[], str],
     ) -> None:
         reader = self
 
@@ -110,6 +125,7 @@ class SiblingReader:
         self.token = token
         self._peek = peek
         self._part = part
+        self._metrics = metrics
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
@@ -140,14 +156,21 @@ class SiblingReader:
                 limit = int(q["limit"])
                 part = self._part(q["tenant"], q["queue"], q.get("after"), limit)
                 return _reply(req, 200, msgspec.msgpack.encode(part))
+            if url.path == "/metrics":
+                return _reply(req, 200, self._metrics().encode(), "text/plain; version=0.0.4")
         except (KeyError, ValueError) as exc:
             return _reply(req, 400, str(exc).encode())
         return _reply(req, 404, b"")
 
 
-def _reply(req: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+def _reply(
+    req: BaseHTTPRequestHandler,
+    status: int,
+    body: bytes,
+    content_type: str = "application/msgpack",
+) -> None:
     req.send_response(status)
-    req.send_header("Content-Type", "application/msgpack")
+    req.send_header("Content-Type", content_type)
     req.send_header("Content-Length", str(len(body)))
     req.end_headers()
     req.wfile.write(body)
@@ -160,11 +183,13 @@ class Siblings:
         self.directory = directory
         self.token = token
 
-    def _get(self, address: str, path: str, query: dict[str, str]) -> bytes | None:
+    def _get(
+        self, address: str, path: str, query: dict[str, str], timeout_s: float = TIMEOUT_S
+    ) -> bytes | None:
         """The body of a 200 answer, or None when the sibling cannot be asked (stopped,
         restarting): a missing answer is treated as a shard owned by nobody here."""
         host, _, port = address.rpartition(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT_S)
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
         try:
             conn.request(
                 "GET", f"{path}?{urllib.parse.urlencode(query)}", headers={TOKEN_HEADER: self.token}
@@ -172,7 +197,7 @@ class Siblings:
             resp = conn.getresponse()
             body = resp.read()
             return body if resp.status == 200 else None
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return None
         finally:
             conn.close()
@@ -197,6 +222,40 @@ class Siblings:
             if body is not None:
                 found.append(msgspec.msgpack.decode(body, type=Part))
         return found
+
+    def metrics(self, own: str) -> str:
+        """This process's metrics (`own`, its exposition text) merged with every sibling's
+        that answers in time, plus how many processes are in the answer and how many
+        registered siblings are not."""
+        parts = [(self.directory.name, exposition.parse(own))]
+        missing = 0
+        for name, body in self._gather_metrics():
+            families = _parsed(body)
+            if families is None:
+                missing += 1
+            else:
+                parts.append((name, families))
+        merged = exposition.merge(parts)
+        for family in _scrape_gauges(len(parts), missing):
+            merged[family.name] = family
+        return exposition.render(merged)
+
+    def _gather_metrics(self) -> list[tuple[str, bytes | None]]:
+        """Each sibling's own metrics, asked all at once; None for one that did not answer
+        within `METRICS_TIMEOUT_S`."""
+        entries = self.directory.entries()
+        if not entries:
+            return []
+        pool = ThreadPoolExecutor(len(entries), thread_name_prefix="nereus-sibling-metrics")
+        asked: list[tuple[str, Future[bytes | None]]] = [
+            (name, pool.submit(self._get, address, "/metrics", {}, METRICS_TIMEOUT_S))
+            for name, address in entries
+        ]
+        wait([f for _, f in asked], timeout=METRICS_TIMEOUT_S)
+        # A sibling still trickling its answer is not waited for: its thread ends with its
+        # socket's timeout.
+        pool.shutdown(wait=False, cancel_futures=True)
+        return [(name, f.result() if f.done() else None) for name, f in asked]
 
 
 def merge_parts(parts: list[Part], shards: int, limit: int) -> tuple[list[Message], bool]:
@@ -223,20 +282,26 @@ def merge_parts(parts: list[Part], shards: int, limit: int) -> tuple[list[Messag
     return rows[:limit], more or len(rows) > limit
 
 
-def local_part(
-    owned: dict[int, OwnedShard], tenant: str, queue: str, after: str | None, limit: int
-) -> Part:
-    """This process's part of a listing: every shard it owns and has caught up."""
-    shards: list[int] = []
-    rows: list[Message] = []
-    more = False
-    for partition, shard in sorted(owned.items()):
-        with shard.lock:
-            if shard.closed or not shard.runtime.is_recovered():
-                continue
-            with shard.store.read() as view:
-                page, truncated = view.list_timers(tenant, queue, after, limit)
-        shards.append(partition)
-        rows.extend(page)
-        more = more or truncated
-    return Part(shards, rows, more)
+def _parsed(body: bytes | None) -> dict[str, exposition.Family] | None:
+    """A sibling's answer, or None when there is none or it does not parse (its text is
+    left out rather than guessed at)."""
+    if body is None:
+        return None
+    try:
+        return exposition.parse(body.decode())
+    except ValueError:  # UnicodeDecodeError included
+        return None
+
+
+def _scrape_gauges(merged: int, missing: int) -> list[exposition.Family]:
+    return [
+        exposition.gauge(
+            MERGED, "Processes of this machine whose metrics this answer sums.", merged
+        ),
+        exposition.gauge(
+            MISSING,
+            "Sibling processes registered on this machine that did not answer this scrape in "
+            "time (left out of it).",
+            missing,
+        ),
+    ]
