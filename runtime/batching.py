@@ -74,20 +74,20 @@ def batch_runs(
             run.clear()
 
     unit_at = dict(units)
-    i = 0
-    while i < len(items):
-        count = unit_at.get(i, 0)
-        unit = items[i : i + count]
-        if count > 1 and _is_commands(unit):
+    skip_to = 0
+    for i, (record, payload) in enumerate(items):
+        if i < skip_to:
+            continue
+        count = unit_at.get(i, 0) if unit_at else 0
+        if count > 1 and _is_commands(items[i : i + count]):
             close()
             run_key = None
-            for at in range(0, count, MAX_BATCH_ITEMS):
-                chunk = unit[at : at + MAX_BATCH_ITEMS]
+            for at in range(i, i + count, MAX_BATCH_ITEMS):
+                chunk = items[at : min(at + MAX_BATCH_ITEMS, i + count)]
                 where.extend((len(out), k) for k in range(len(chunk)))
                 out.append(_commands(chunk))
-            i += count
+            skip_to = i + count
             continue
-        record, payload = items[i]
         key = _run_key(record) if payload is None else None
         if key is None or key != run_key or len(run) >= MAX_BATCH_ITEMS:
             close()
@@ -98,6 +98,5 @@ def batch_runs(
             where.append((len(out), len(run)))
             run.append(record)
         run_key = key
-        i += 1
     close()
     return out, where

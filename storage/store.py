@@ -35,7 +35,7 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import Effect
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
 from nereus.kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
-from nereus.kernel.records import CommandBatch, LogEntry, Record, Schedule, members
+from nereus.kernel.records import CommandBatch, LogEntry, Record, Schedule
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
 from nereus.storage.base import LmdbBase, StoreView
@@ -628,12 +628,14 @@ class ShardStore:
         """Drop payload bytes nobody can need: no message references them and no log entry
         above the applied position (a schedule not yet folded) names them."""
         candidates = set(released)
-        candidates.update(
-            r.payload_digest.encode()
-            for e in entries
-            for r in members(e.record)
-            if isinstance(r, Schedule)
-        )
+        for e in entries:
+            record = e.record
+            if isinstance(record, Schedule):
+                candidates.add(record.payload_digest.encode())
+            elif isinstance(record, CommandBatch):
+                candidates.update(
+                    r.payload_digest.encode() for r in record.items if isinstance(r, Schedule)
+                )
         env = self._env
         for key in candidates:
             if txn.get(key, None, env.tables[_PAYLOADS]) is not None:
