@@ -484,6 +484,17 @@ BATCHES = (
         ),
         ("tests/test_storage_memo.py", "tests/test_storage_corrupt.py", *STORAGE_TESTS),
     ),
+    Mutant(
+        "M3",
+        "every command of a client's batch is answered with the batch's first outcome",
+        "P7 replay agrees: each command is answered with what the log decided for it",
+        one(
+            "runtime/shard.py",
+            "answers.append(found[index] if index < len(found) else found[0])",
+            "answers.append(found[0])",
+        ),
+        ("tests/test_batch_records.py", "tests/test_http_e2e.py", "tests/test_simulator.py"),
+    ),
 )
 
 CATALOGUE: tuple[Mutant, ...] = (

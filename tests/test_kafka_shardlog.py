@@ -36,7 +36,7 @@ import pytest
 from confluent_kafka import Producer
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.kafka.log import KafkaLog, KafkaLogConfig
+from nereus.adapters.kafka.log import FROM_MEMORY, KafkaLog, KafkaLogConfig
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.adapters.kafka.wire import shard_for
 from nereus.adapters.local.embedded import schedule_record
@@ -132,6 +132,11 @@ def test_schedules_through_kafka_publish_once_never_early(
         peek = service.peek(topics.queue, keys[0])
         assert peek.claimed is False and peek.payload is None  # bytes dropped once delivered
         stores = {p: service.owned_store(p) for p in range(SHARDS)}
+        # The owners' own Admissions and outcomes were folded from memory (the store still
+        # equals the decoded log entry for entry, below).
+        lines = service.metrics.render().splitlines()
+        from_memory = [float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith(FROM_MEMORY)]
+        assert sum(from_memory) >= 2
     finally:
         service.close()
     a = audit(kafka_bootstrap, topics, SHARDS, DEST_PARTITIONS)

@@ -57,6 +57,9 @@ from nereus.storage.errors import StoreError
 from nereus.storage.schema import LogSource
 from nereus.storage.store import Appendable, Applied, Payload, ShardStore
 
+# Records this owner wrote and folded without decoding them (`LogWriter.written`).
+FROM_MEMORY = "nereus_shard_log_folded_from_memory_total"
+
 
 class KafkaLogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bootstrap: str
@@ -122,6 +125,11 @@ class KafkaLog:
             "histogram",
             "Commits of the Kafka shard log: the fold of what was read (LMDB, synced) and the "
             "tick's Kafka transaction.",
+        )
+        self.metrics.describe(
+            FROM_MEMORY,
+            "counter",
+            "Records this owner wrote, folded from memory when the read reached their offsets.",
         )
 
     # Opening ------------------------------------------------------------------------------
@@ -270,8 +278,13 @@ class KafkaLog:
                     "timestamp: the broker's persistence time is the only time the shard "
                     "log may carry (message.timestamp.type=LogAppendTime)"
                 )
+            # A record this owner wrote is folded from memory; any other is decoded.
+            envelope = self._writer.take_written(m.offset())
+            if envelope is not None:
+                self.metrics.inc(FROM_MEMORY)
             try:
-                envelope = decode_envelope(m.value() or b"")
+                if envelope is None:
+                    envelope = decode_envelope(m.value() or b"")
             except msgspec.DecodeError as exc:
                 self._undecodable += 1
                 self.metrics.inc("nereus_shard_log_undecodable_total")
@@ -315,6 +328,7 @@ class KafkaLog:
             before_commit=replies_then_write,
         )
         self._folded_offset = last_offset
+        self._writer.forget_written(last_offset)
         return results
 
     def _own_folded(self, request_id: str) -> None:

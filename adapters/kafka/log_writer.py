@@ -15,6 +15,12 @@ owner committed; while idle the owner commits a proof transaction every `proof_i
 (its consumer offsets, through the group coordinator, which also checks that this process
 is still a member of the group's current generation). After a pause (SIGSTOP, a stall)
 nothing is sent before a new commit succeeds, which a fenced zombie can never do.
+
+The records a committed transaction wrote are kept by the offsets their delivery reports
+gave (`written`), so the reader folds them from memory when it reaches those offsets rather
+than decoding the bytes it wrote. It still has to reach them: a record's shard log position
+counts the clients' commands committed before it in the partition, which only the read
+tells.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ class LogWriter:
         self.committed_seq = 0  # the last of this tenure's records a transaction committed
         self.unwritten: list[Appendable] = []
         self.replies: list[tuple[str, Reply]] = []
+        # Offset -> envelope of the records committed transactions wrote, until folded.
+        self.written: dict[int, Envelope] = {}
         self._proof_at = float("-inf")  # monotonic start of the last committed transaction
         self._offsets_proof_at = float("-inf")
         self._retry_at = 0.0
@@ -145,13 +153,19 @@ class LogWriter:
             group = self._group_metadata()
         with_offsets = group is not None
         first_seq = self._seq
+        delivered: dict[int, Envelope] = {}
         try:
             producer.begin_transaction()
             for record, payload in items:
                 assert payload is None, "system mutations carry no payload"
                 self._seq += 1
-                value = encode_envelope(Envelope(f"{self.tenure}:{self._seq}", None, record))
-                producer.produce(c.topic, value=value, partition=c.partition)
+                envelope = Envelope(f"{self.tenure}:{self._seq}", None, record)
+                producer.produce(
+                    c.topic,
+                    value=encode_envelope(envelope),
+                    partition=c.partition,
+                    on_delivery=_keep_at_offset(delivered, envelope),
+                )
             for reply_to, reply in replies:
                 producer.produce(c.replies_topic, value=encode_reply(reply), key=reply_to)
             if not items and not replies and not with_offsets:
@@ -171,6 +185,8 @@ class LogWriter:
             self._offsets_proof_at = started
         if items:
             self.committed_seq = self._seq
+            # commit_transaction flushed every delivery report of this transaction.
+            self.written.update(delivered)
         self.unwritten, self.replies = [], []
         self.metrics.inc("nereus_shard_log_transactions_total", labels={"result": "committed"})
         return None
@@ -208,6 +224,16 @@ class LogWriter:
         self._retry_at = time.monotonic() + self.config.retry_backoff_ms / 1000
         return None
 
+    def take_written(self, offset: int) -> Envelope | None:
+        """The envelope this owner committed at `offset`, if it did (once)."""
+        return self.written.pop(offset, None) if self.written else None
+
+    def forget_written(self, folded_offset: int) -> None:
+        """Drop what can no longer be read back (a record at or below the folded offset that
+        the read skipped: the reader never saw it, so it was never committed for it)."""
+        if self.written and min(self.written) <= folded_offset:
+            self.written = {o: e for o, e in self.written.items() if o > folded_offset}
+
     def close(self) -> None:
         """Transactions never stay open between ticks, so there is nothing to abort; records
         not yet written are dropped (the next owner's recovery resolves the attempts they
@@ -215,4 +241,14 @@ class LogWriter:
         self._producer = None
         if self.unwritten:
             self.log.info("shard_log_unwritten_dropped", records=len(self.unwritten))
-        self.unwritten, self.replies = [], []
+        self.unwritten, self.replies, self.written = [], [], {}
+
+
+def _keep_at_offset(
+    delivered: dict[int, Envelope], envelope: Envelope
+) -> Callable[[Any, Any], None]:
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None and msg.offset() >= 0:
+            delivered[msg.offset()] = envelope
+
+    return on_delivery
