@@ -326,6 +326,7 @@ class KafkaLog:
             source=source,
             payloads=payloads,
             before_commit=replies_then_write,
+            payloads_checked=True,  # checked_payloads kept only bytes that match
         )
         self._folded_offset = last_offset
         self._writer.forget_written(last_offset)
