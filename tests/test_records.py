@@ -89,6 +89,17 @@ SAMPLES: tuple[tuple[str, k.Record], ...] = (
     ("PUBLISH_ADMISSIONS_V1", k.PublishAdmissions("node-a", interval_at(T0_MS), (), "tx-1")),
     ("PUBLISH_OUTCOMES_V1", k.batched([PUBLISHED, NOT_PUBLISHED])),
     ("PUBLISH_OUTCOMES_V1", k.PublishOutcomes(())),
+    (
+        "COMMANDS_V1",
+        k.batched(
+            [
+                FULL_SCHEDULE,
+                k.Reschedule("acme", "q", "k1", "txn-r", delay_ms=5),
+                k.Cancel("acme", "q", "k1", expected_version=2, txn="txn-c"),
+            ]
+        ),
+    ),
+    ("COMMANDS_V1", k.CommandBatch(())),
 )
 
 
