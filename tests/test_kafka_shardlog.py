@@ -24,6 +24,7 @@ the kernel, and the destination topic is checked against those ledgers:
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import signal
@@ -78,22 +79,26 @@ def _destination(bootstrap: str) -> str:
 # One process --------------------------------------------------------------------------------
 
 
-def test_schedules_through_kafka_publish_once_never_early(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    topics = Topics.unique(_destination(kafka_bootstrap))
-    service = KafkaService(
+def _one_process(bootstrap: str, tmp_path: Path, topics: Topics, shards: int) -> KafkaService:
+    return KafkaService(
         KafkaServiceConfig(
-            bootstrap=kafka_bootstrap,
+            bootstrap=bootstrap,
             data_dir=str(tmp_path / "data"),
             commands_topic=topics.commands,
             replies_topic=topics.replies,
             group=topics.group,
-            shards=SHARDS,
+            shards=shards,
             destination_topics={topics.queue: topics.destination},
         ),
         clock=SystemClock(assumed_error_ms=2),
     )
+
+
+def test_schedules_through_kafka_publish_once_never_early(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topics = Topics.unique(_destination(kafka_bootstrap))
+    service = _one_process(kafka_bootstrap, tmp_path, topics, SHARDS)
     keys = [f"t{i}" for i in range(45)]
     try:
         service.start()
@@ -155,6 +160,38 @@ def test_schedules_through_kafka_publish_once_never_early(
             # The mirrored local log is the Kafka log, entry for entry.
             assert list(store.iter_log()) == [x.entry for x in a.logs[p]]
     assert a.logs[0][0].envelope.reply_to is not None  # the junk record got no position
+
+
+def test_a_calls_large_payloads_are_cut_into_records_the_topic_accepts(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """One call's commands for one shard travel as few records as the topic's
+    max.message.bytes allows (1 MiB of payload + the envelope's reserve by default): five
+    600 KiB payloads and a small one make three batch records of two, each answered in the
+    call's order, every payload stored whole."""
+    topics = Topics.unique(_destination(kafka_bootstrap))
+    service = _one_process(kafka_bootstrap, tmp_path, topics, 1)
+    big = [bytes([n]) * (600 * 1024) for n in range(5)]
+    items = [
+        schedule_record(topics.queue, f"big{n}", data, delay_ms=600_000, txn=f"t{n}")
+        for n, data in enumerate(big)
+    ]
+    items.append(schedule_record(topics.queue, "small", b"s", delay_ms=600_000, txn="ts"))
+    try:
+        service.start()
+        wait_until(lambda: service.shard_states() == {0: "active"}, 30, "the shard active")
+        outcomes = service.execute(items, 60)
+        assert [o.code for o in outcomes] == ["scheduled"] * len(items)
+        assert [o.txn for o in outcomes] == [f"t{n}" for n in range(5)] + ["ts"]
+        for n, data in enumerate(big):
+            stored = service.peek(topics.queue, f"big{n}").payload
+            assert stored is not None and base64.b64decode(stored) == data
+    finally:
+        service.close()
+    a = audit(kafka_bootstrap, topics, 1, DEST_PARTITIONS)
+    sent = [x.entry.record for x in a.logs[0] if x.envelope.reply_to is not None]
+    assert [type(r).__name__ for r in sent] == ["CommandBatch"] * 3
+    assert [len(members(r)) for r in sent] == [2, 2, 2]
 
 
 def test_a_second_owner_fences_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:

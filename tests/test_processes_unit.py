@@ -72,6 +72,18 @@ def test_parts_merge_in_key_order_and_every_shard_must_be_read() -> None:
     assert [m.timer_key for m in merged] == ["a", "b", "c", "d"]
 
 
+def _get(address: str, path: str, token: str | None = None) -> tuple[int, bytes]:
+    """GET `path` from a sibling's private port, with the token header if given."""
+    host, port = address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("GET", path, headers={TOKEN_HEADER: token} if token else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
 def test_the_private_read_port_answers_only_with_the_token(tmp_path: Path) -> None:
     found = Peek(found=True, queue="q", timer_key="k")
 
@@ -86,16 +98,9 @@ def test_the_private_read_port_answers_only_with_the_token(tmp_path: Path) -> No
     reader = SiblingReader("secret", peek, part, lambda: "")
     reader.start()
     try:
-        host, port = reader.address.split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=5)
-        conn.request("GET", "/peek?tenant=t&queue=q&key=k")
-        assert conn.getresponse().status == 403
-        conn.close()
-        conn = http.client.HTTPConnection(host, int(port), timeout=5)
-        conn.request("GET", "/peek?tenant=t&queue=q&key=k", headers={TOKEN_HEADER: "secret"})
-        resp = conn.getresponse()
-        assert msgspec.msgpack.decode(resp.read(), type=PeekAnswer).peek == found
-        conn.close()
+        assert _get(reader.address, "/peek?tenant=t&queue=q&key=k")[0] == 403
+        status, body = _get(reader.address, "/peek?tenant=t&queue=q&key=k", "secret")
+        assert status == 200 and msgspec.msgpack.decode(body, type=PeekAnswer).peek == found
 
         registry = SiblingDirectory(str(tmp_path), "process-0")
         registry.register("127.0.0.1:1")  # itself: never asked
@@ -133,11 +138,7 @@ def test_a_scrape_sums_the_siblings_that_answer_and_counts_the_others(tmp_path: 
     reader = SiblingReader("secret", no_peek, no_part, theirs.render)
     reader.start()
     try:
-        host, port = reader.address.split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=5)
-        conn.request("GET", "/metrics")
-        assert conn.getresponse().status == 403
-        conn.close()
+        assert _get(reader.address, "/metrics")[0] == 403
         registry = SiblingDirectory(str(tmp_path), "process-0")
         SiblingDirectory(str(tmp_path), "process-1").register(reader.address)
         # Registered, then gone without unregistering (killed): nothing listens there.

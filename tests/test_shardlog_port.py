@@ -184,6 +184,11 @@ def test_a_calls_commands_for_one_shard_travel_as_one_record_cut_by_size(
         waiters.append(waiter)
     answers = _outcomes(items, 2, waiters)
     assert [o.txn for o in answers] == [f"t{n}" for n in range(8)]
+    # During a rolling upgrade every command travels alone.
+    config = KafkaServiceConfig(bootstrap="unused:1", data_dir=".", command_batches=False)
+    single = CommandRpc(config, 40_000, threading.Event())
+    single._shards = 2
+    assert [len(group) for _s, group in single._groups(items)] == [1] * len(items)
     short = Waiter(2)
     short.finish([EntryOutcome(1, "SCHEDULE_V1", True, Code.SCHEDULED)], None)
     assert short.error is not None and "1 outcomes for 2" in short.error

@@ -122,6 +122,14 @@ def register(sub: Any) -> None:
         help="run this many service processes sharing the shards and the HTTP address, "
         "supervised by this one (one interpreter lock each: more of the machine's cores)",
     )
+    k.add_argument(
+        "--no-command-batches",
+        dest="command_batches",
+        action="store_false",
+        help="send every command as a record of its own, not one COMMANDS_V1 record per shard "
+        "and request: for a rolling upgrade from a build without COMMANDS_V1, until every "
+        "process runs this one",
+    )
     # Set by the supervisor for each of its processes.
     k.add_argument("--http-fd", type=int, default=None, help=argparse.SUPPRESS)
     k.add_argument("--sibling-dir", default=None, help=argparse.SUPPRESS)
@@ -393,6 +401,7 @@ def serve_kafka(
         destination_linger_ms=args.destination_linger_ms,
         destination_delivery=args.delivery,
         destination_bootstrap=args.destination_bootstrap,
+        command_batches=args.command_batches,
         client_config=dict(tenancy.kafka_settings),
         process_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
     )

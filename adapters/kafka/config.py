@@ -43,6 +43,10 @@ class KafkaServiceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     heartbeat_interval_ms: int = 1_000
     max_poll_interval_ms: int = 60_000
     reopen_backoff_ms: int = 3_000
+    # False: every command travels as a record of its own. For a rolling upgrade from a
+    # build that does not know COMMANDS_V1: an owner of that build would skip such a record
+    # (no position) while an upgraded one folds it. Turn it on once every process runs this.
+    command_batches: bool = True
     reply_window_ms: int = 60_000
     send_lease_ms: int = 2_000
     proof_interval_ms: int = 1_000

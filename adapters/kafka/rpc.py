@@ -216,7 +216,8 @@ class CommandRpc:
             size = ITEM_ROOM_BYTES + len(encode_record(record))
             size += len(payload) if isinstance(payload, bytes) else 0
             runs = by_shard.setdefault(shard, [])
-            if not runs or len(runs[-1]) >= MAX_BATCH_ITEMS or room[shard] < size:
+            most = MAX_BATCH_ITEMS if self.config.command_batches else 1
+            if not runs or len(runs[-1]) >= most or room[shard] < size:
                 runs.append([])
                 room[shard] = budget
             runs[-1].append(item)
