@@ -419,10 +419,10 @@ STORAGE = (
         "P7 a write is all or nothing; replay agrees",
         one(
             STORE,
-            "            entries = self._append_in(txn, items, now_ms, payloads_checked)\n"
+            "            entries = self._append_in(txn, items, now_ms, guarded)\n"
             '            self._at("append")\n'
             "            results, meta, _ = self._apply_in(txn, tail + entries)",
-            "            entries = self._append_in(txn, items, now_ms, payloads_checked)\n"
+            "            entries = self._append_in(txn, items, now_ms, guarded)\n"
             '            self._at("append")\n'
             "        with env.env.begin(write=True) as txn:\n"
             "            results, meta, _ = self._apply_in(txn, tail + entries)",

@@ -35,6 +35,14 @@ _RECORD_TYPES: tuple[type, ...] = get_args(Record)
 
 def check_items(items: Sequence[Appendable]) -> None:
     """Raise TypeError/ValueError naming the first item the log could not carry."""
+    guarded(items)
+
+
+def guarded(items: Sequence[Appendable]) -> list[Appendable]:
+    """`items` with each record replaced by the record its log encoding decodes to (what a
+    replay of the log will fold), after the checks of `check_items`. The store folds such a
+    command as it is, without decoding it again (`ShardStore.commit(guarded=True)`)."""
+    out: list[Appendable] = []
     for index, item in enumerate(items):
         if not isinstance(item, tuple) or len(item) != 2:
             raise TypeError(f"item {index}: expected a (record, payload) pair")
@@ -43,20 +51,22 @@ def check_items(items: Sequence[Appendable]) -> None:
             raise TypeError(f"item {index}: {type(record).__name__} is not a shard log record")
         name = record_type(record)
         try:
-            decode_record(encode_record(record))
+            decoded = decode_record(encode_record(record))
         except (msgspec.MsgspecError, OverflowError, UnicodeError, TypeError, ValueError) as exc:
             raise ValueError(f"item {index}: the log cannot carry this {name}: {exc}") from None
-        if isinstance(record, CommandBatch):
+        if isinstance(decoded, CommandBatch):
             if payload is not None and (
-                not isinstance(payload, tuple) or len(payload) != len(record.items)
+                not isinstance(payload, tuple) or len(payload) != len(decoded.items)
             ):
                 raise TypeError(
                     f"item {index} ({name}): the payloads must be None or one per command"
                 )
-            for n, member in enumerate(record.items):
+            for n, member in enumerate(decoded.items):
                 _check_payload(f"item {index}.{n}", member, None if payload is None else payload[n])
         else:
-            _check_payload(f"item {index}", record, payload)
+            _check_payload(f"item {index}", decoded, payload)
+        out.append((decoded, payload))
+    return out
 
 
 def _check_payload(where: str, record: Record, payload: object) -> None:

@@ -47,7 +47,7 @@ from nereus.runtime.destination import Destination, is_dead_letter_attempt
 from nereus.runtime.discovery import Discovery, Found
 from nereus.runtime.effects import EffectsRunner
 from nereus.runtime.errors import RuntimeHalted
-from nereus.runtime.guard import check_items
+from nereus.runtime.guard import guarded
 from nereus.runtime.intake import CommandFuture, Intake, Waiter
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.loop import Loop
@@ -149,12 +149,12 @@ class ShardRuntime:
         """Queue records to be appended as one unit; the future completes after commit.
         An item the shard log could not carry raises TypeError/ValueError here, and nothing
         is queued (`runtime.guard`): found inside the commit, it would halt the shard."""
-        check_items(items)
+        checked = guarded(items)
         if self.halted is not None:
             raise RuntimeHalted(f"runtime halted: {self.halted}")
         if not self.shard_log.accepts_commands:
             raise RuntimeError("this shard log takes client commands from its topic only")
-        return self.intake.put(items)
+        return self.intake.put(checked)
 
     def execute(self, items: Sequence[Appendable], timeout_s: float = 30.0) -> list[EntryOutcome]:
         return self.submit(items).result(timeout_s)

@@ -123,12 +123,12 @@ class EmbeddedLog:
         now_ms: int,
         also: Callable[[Any], None],
     ) -> tuple[list[LogEntry], list[Applied]]:
-        # Every item with payload bytes is a command that came in through
-        # `ShardRuntime.submit`, whose guard matched the bytes to the schedule's digest.
+        # Every command (and every item with payload bytes) came in through
+        # `ShardRuntime.submit`, whose guard checked and normalized it.
         if self.metrics is None:
-            return self.store.commit(items, now_ms, also=also, payloads_checked=True)
+            return self.store.commit(items, now_ms, also=also, guarded=True)
         started = time.perf_counter()
-        done = self.store.commit(items, now_ms, also=also, payloads_checked=True)
+        done = self.store.commit(items, now_ms, also=also, guarded=True)
         self.metrics.observe(COMMIT_SECONDS, time.perf_counter() - started, None, COMMIT_BUCKETS_S)
         return done
 

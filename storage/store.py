@@ -35,7 +35,7 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import Effect
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
 from nereus.kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
-from nereus.kernel.records import CommandBatch, LogEntry, Record, Schedule
+from nereus.kernel.records import COMMAND_TYPES, CommandBatch, LogEntry, Record, Schedule
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
 from nereus.storage.base import LmdbBase, StoreView
@@ -74,6 +74,8 @@ MAX_KEY_BYTES = 511  # LMDB's default compile-time key size limit
 # are not here), or, for a batch of commands, one such value per item.
 Payload = bytes | tuple[bytes | None, ...] | None
 Appendable = tuple[Record, Payload]
+# The records a guarded commit folds as they are (`commit(guarded=True)`).
+_GUARDED_TYPES = (*COMMAND_TYPES, CommandBatch)
 
 
 # Tables the write path compares against on every row, as module globals: an Enum class
@@ -323,14 +325,16 @@ class ShardStore:
         now_ms: int,
         also: Callable[[Any], None] | None = None,
         *,
-        payloads_checked: bool = False,
+        guarded: bool = False,
     ) -> tuple[list[LogEntry], list[Applied]]:
         """The embedded group commit: append `items` and fold everything not yet applied
         (them included) in ONE write transaction and one sync. `also` may write runtime rows
         (claims) into the same transaction. Effects are returned only after the commit.
-        `payloads_checked`: the caller has already matched every payload against its
-        schedule's digest (the runtime's guard does at submit), so it is not hashed again;
-        its size is still checked."""
+        `guarded`: every item with payload bytes or a client command came through the
+        runtime's guard (`runtime.guard.guarded`), which matched each payload to its
+        schedule's digest (so it is not hashed again; its size still is) and replaced each
+        record by the one its encoding decodes to (so a command is folded as it is, not
+        decoded again; the runtime's own records still are)."""
         while self.log_last_position - self.meta.position > self.options.max_batch_entries:
             self.apply_pending()  # an old unapplied tail: fold it in bounded batches first
         env = self._env
@@ -338,7 +342,7 @@ class ShardStore:
             # An unapplied older tail (usually none) is read back; the entries appended now
             # are folded as `_append_in` decoded them from their bytes, as a replay will.
             tail = list(self._iter_log_in(txn, self.meta.position + 1, None))
-            entries = self._append_in(txn, items, now_ms, payloads_checked)
+            entries = self._append_in(txn, items, now_ms, guarded)
             self._at("append")
             results, meta, _ = self._apply_in(txn, tail + entries)
             if also is not None:
@@ -360,7 +364,10 @@ class ShardStore:
             self._store_payloads(txn, record, payload, position, checked)
             blob = encode_entry(entry)
             txn.put(position_key(position), blob, db=self._env.log)
-            entries.append(decode_entry(blob, self._env.data_file, position))
+            if checked and isinstance(record, _GUARDED_TYPES):
+                entries.append(entry)
+            else:
+                entries.append(decode_entry(blob, self._env.data_file, position))
         return entries
 
     def _appended(self, entries: Sequence[LogEntry]) -> None:
