@@ -189,9 +189,14 @@ def test_a_calls_commands_for_one_shard_travel_as_one_record_cut_by_size(
     single = CommandRpc(config, 40_000, threading.Event())
     single._shards = 2
     assert [len(group) for _s, group in single._groups(items)] == [1] * len(items)
-    short = Waiter(2)
-    short.finish([EntryOutcome(1, "SCHEDULE_V1", True, Code.SCHEDULED)], None)
-    assert short.error is not None and "1 outcomes for 2" in short.error
+    short = Waiter(3)
+    short.finish([EntryOutcome(1, "SCHEDULE_V1", True, Code.SCHEDULED)] * 2, None)
+    assert short.error is not None and "2 outcomes for 3" in short.error
+    # A batch refused as a whole has one outcome: it answers every command.
+    whole = Waiter(3)
+    refused = EntryOutcome(1, "COMMANDS_V1", False, Code.PERSISTED_AT_REGRESSED)
+    whole.finish([refused], None)
+    assert whole.error is None and list(whole.outcomes) == [refused] * 3
 
 
 def test_a_batch_reply_carries_every_items_outcome() -> None:
