@@ -44,8 +44,10 @@ def _is_commands(unit: Sequence[Appendable]) -> bool:
     return all(isinstance(record, COMMAND_TYPES) for record, _payload in unit)
 
 
-def _commands(unit: Sequence[Appendable]) -> Appendable:
-    """One submission's commands (at most `MAX_BATCH_ITEMS`) as one record."""
+def command_record(unit: Sequence[Appendable]) -> Appendable:
+    """A run of client commands (at most `MAX_BATCH_ITEMS`) as the record that carries it:
+    itself if it is one, else a `COMMANDS_V1` batch with one payload slot per item (None
+    when no item has bytes)."""
     if len(unit) == 1:
         return unit[0]
     payloads: list[bytes | None] = []
@@ -85,7 +87,7 @@ def batch_runs(
             for at in range(i, i + count, MAX_BATCH_ITEMS):
                 chunk = items[at : min(at + MAX_BATCH_ITEMS, i + count)]
                 where.extend((len(out), k) for k in range(len(chunk)))
-                out.append(_commands(chunk))
+                out.append(command_record(chunk))
             skip_to = i + count
             continue
         key = _run_key(record) if payload is None else None

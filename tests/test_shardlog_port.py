@@ -22,7 +22,7 @@ import pytest
 
 from nereus.adapters.clock import SimulatedClock
 from nereus.adapters.kafka.config import KafkaServiceConfig
-from nereus.adapters.kafka.rpc import CommandRpc, Waiter, _one_record, _outcomes
+from nereus.adapters.kafka.rpc import CommandRpc, Waiter, _outcomes
 from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
@@ -39,6 +39,7 @@ from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.records import Cancel, CommandBatch, LogEntry, Schedule
+from nereus.runtime.batching import command_record
 from nereus.runtime.clock import read_clock
 from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
 from nereus.runtime.shard import ShardRuntime
@@ -160,7 +161,7 @@ def test_a_calls_commands_for_one_shard_travel_as_one_record_cut_by_size(
         runs = [group for s, group in groups if s == shard]
         assert [item for run in runs for item in run] == mine
         assert all(1 <= len(run) <= 3 for run in runs)
-    record, payload = _one_record(next(group for _s, group in groups if len(group) > 1))
+    record, payload = command_record(next(group for _s, group in groups if len(group) > 1))
     assert isinstance(record, CommandBatch) and isinstance(payload, tuple)
     assert len(payload) == len(record.items) and all(p == b"x" * 10_000 for p in payload)
     checked, dropped = checked_payloads(record, payload)

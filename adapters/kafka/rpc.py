@@ -35,8 +35,8 @@ from nereus.adapters.kafka.wire import (
     watermarks,
 )
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import batched, encode_record
-from nereus.runtime.batching import MAX_BATCH_ITEMS
+from nereus.kernel.records import encode_record
+from nereus.runtime.batching import MAX_BATCH_ITEMS, command_record
 from nereus.runtime.errors import Overloaded
 from nereus.storage.store import Appendable
 
@@ -193,7 +193,7 @@ class CommandRpc:
                 self._waiters[request_id] = waiter
             ids.append(request_id)
             waiters.append(waiter)
-            record, payload = _one_record(group)
+            record, payload = command_record(group)
             envelope = Envelope(request_id, self.config.process_id, record, payload)
             try:
                 producer.produce(
@@ -287,17 +287,6 @@ class CommandRpc:
             waiters = list(self._waiters.values())
         for waiter in waiters:
             waiter.finish(None, "the service is stopping")
-
-
-def _one_record(group: list[Appendable]) -> Appendable:
-    """A shard's run of commands as the record that carries it: itself, or a batch."""
-    if len(group) == 1:
-        return group[0]
-    payloads: list[bytes | None] = []
-    for _record, payload in group:
-        payloads.append(payload if isinstance(payload, bytes) else None)
-    record = batched([r for r, _p in group])
-    return record, tuple(payloads) if any(p is not None for p in payloads) else None
 
 
 def _outcomes(
