@@ -490,8 +490,8 @@ BATCHES = (
         "P7 replay agrees: each command is answered with what the log decided for it",
         one(
             "runtime/shard.py",
-            "answers.append(found[index] if index < len(found) else found[0])",
-            "answers.append(found[0])",
+            "answers.append(outcomes[entries[at].position][index])",
+            "answers.append(outcomes[entries[at].position][0])",
         ),
         ("tests/test_batch_records.py", "tests/test_http_e2e.py", "tests/test_simulator.py"),
     ),

@@ -16,6 +16,7 @@ from nereus.kernel.effects import (
     TimelinePut,
     TimelineRemove,
     outcomes_of,
+    per_item,
     split,
 )
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
@@ -150,6 +151,7 @@ __all__ = [
     "message_id",
     "outcomes_of",
     "parse_timeline_key",
+    "per_item",
     "reduce",
     "split",
     "state_digest",

@@ -115,5 +115,14 @@ def split(
 
 
 def outcomes_of(record: Record, effects: tuple[Effect, ...]) -> tuple[EntryOutcome, ...]:
-    """The outcomes of an entry: one, or one per item of a batch record, in item order."""
-    return tuple(outcome for _record, outcome, _rest in split(record, effects))
+    """The answer to each record an entry stands for (`per_item`)."""
+    return per_item(record, [outcome for _record, outcome, _rest in split(record, effects)])
+
+
+def per_item(record: Record, outcomes: list[EntryOutcome]) -> tuple[EntryOutcome, ...]:
+    """`split`'s outcomes of an entry as one answer per record it stands for, in item
+    order: a batch refused as a whole (one verdict on the entry) answers each item with
+    that verdict."""
+    if len(outcomes) == 1 and isinstance(record, BATCH_TYPES) and len(record.items) > 1:
+        return tuple(outcomes) * len(record.items)
+    return tuple(outcomes)

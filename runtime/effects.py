@@ -28,6 +28,7 @@ from nereus.kernel.effects import (
     Publish,
     RevokeClaim,
     TimelinePut,
+    per_item,
     split,
 )
 from nereus.kernel.keys import str_key
@@ -66,13 +67,13 @@ class EffectsRunner:
 
     def run(
         self, results: list[Applied], now_ms: int, *, recovered: bool
-    ) -> dict[int, list[EntryOutcome]]:
-        """Act on the effects of `results`; returns each entry's outcomes by position (one
-        per item of a batch record, in item order)."""
-        outcomes: dict[int, list[EntryOutcome]] = {}
+    ) -> dict[int, tuple[EntryOutcome, ...]]:
+        """Act on the effects of `results`; returns each entry's answers by position, one
+        per record it stands for (`kernel.effects.per_item`)."""
+        outcomes: dict[int, tuple[EntryOutcome, ...]] = {}
         tally = Tally(self.log, recovered)
         for entry, effects in results:
-            answers = outcomes[entry.position] = []
+            answers: list[EntryOutcome] = []
             for record, outcome, rest in split(entry.record, effects):
                 answers.append(outcome)
                 tally.entry(record, outcome)
@@ -83,6 +84,7 @@ class EffectsRunner:
                     self.dead_letters.recorded(record)
                 for effect in rest:
                     self._act(effect, recovered)
+            outcomes[entry.position] = per_item(entry.record, answers)
         tally.write(self.metrics)
         return outcomes
 

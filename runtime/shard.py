@@ -299,9 +299,7 @@ class ShardRuntime:
             answers: list[EntryOutcome] = []
             for i in range(start, start + future.count):
                 at, index = where[i]
-                found = outcomes[entries[at].position]
-                # A batch refused as a whole has one outcome, which answers every item.
-                answers.append(found[index] if index < len(found) else found[0])
+                answers.append(outcomes[entries[at].position][index])
             future._set(answers)
 
     def _send(self, tick: _Tick, after: ClockReading) -> None:

@@ -193,6 +193,8 @@ def test_a_batch_refused_by_its_position_is_one_outcome_for_the_whole() -> None:
     assert isinstance(outcome, EntryOutcome) and outcome.code in POSITION_CODES
     assert outcome.record_type == "PUBLISH_OUTCOMES_V1"
     assert k.split(batch, effects) == [(batch, outcome, ())]
+    # Each item it stands for is answered with that one verdict.
+    assert k.outcomes_of(batch, effects) == (outcome,) * 3
 
 
 def test_batched_refuses_mixed_kinds_and_differing_clock_readings() -> None:

@@ -37,7 +37,7 @@ from nereus.adapters.kafka.wire import (
 from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
-from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.effects import EntryOutcome, outcomes_of
 from nereus.kernel.records import Cancel, CommandBatch, LogEntry, Schedule
 from nereus.runtime.batching import command_record
 from nereus.runtime.clock import read_clock
@@ -193,10 +193,11 @@ def test_a_calls_commands_for_one_shard_travel_as_one_record_cut_by_size(
     short = Waiter(3)
     short.finish([EntryOutcome(1, "SCHEDULE_V1", True, Code.SCHEDULED)] * 2, None)
     assert short.error is not None and "2 outcomes for 3" in short.error
-    # A batch refused as a whole has one outcome: it answers every command.
-    whole = Waiter(3)
+    # A batch refused as a whole has one outcome: its reply answers every command with it.
     refused = EntryOutcome(1, "COMMANDS_V1", False, Code.PERSISTED_AT_REGRESSED)
-    whole.finish([refused], None)
+    batch = CommandBatch(tuple(_schedule(item) for item in items[:3]))
+    whole = Waiter(3)
+    whole.finish(outcomes_of(batch, (refused,)), None)
     assert whole.error is None and list(whole.outcomes) == [refused] * 3
 
 

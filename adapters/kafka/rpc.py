@@ -65,9 +65,6 @@ class Waiter:
         self._callback: Callable[[], None] | None = None
 
     def finish(self, outcomes: Sequence[EntryOutcome] | None, error: str | None) -> None:
-        if outcomes is not None and len(outcomes) == 1 and self.count > 1:
-            # A batch refused whole (its persistence time regressed): one verdict for all.
-            outcomes = tuple(outcomes) * self.count
         if error is None and (outcomes is None or len(outcomes) != self.count):
             error = f"the reply holds {len(outcomes or ())} outcomes for {self.count} commands"
         with self._lock:
