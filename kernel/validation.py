@@ -8,9 +8,11 @@ never from a clock reading, so replay recomputes identical absolute times.
 
 from __future__ import annotations
 
+import hashlib
+
 from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.records import Capability
+from nereus.kernel.records import Capability, Schedule
 from nereus.kernel.timing import MAX_INSTANT_MS
 
 _HEX_DIGITS = "0123456789abcdef"
@@ -43,6 +45,14 @@ def check_payload(digest: str, size: int, config: KernelConfig) -> Code | None:
     if size > config.max_payload_bytes:
         return Code.PAYLOAD_TOO_LARGE
     return None
+
+
+def payload_matches(record: Schedule, payload: bytes) -> bool:
+    """Whether `payload` is the bytes the schedule names (size, then SHA-256)."""
+    return (
+        len(payload) == record.payload_size
+        and hashlib.sha256(payload).hexdigest() == record.payload_digest
+    )
 
 
 def check_headers(headers: tuple[tuple[str, str], ...], config: KernelConfig) -> Code | None:

@@ -14,7 +14,6 @@ depth; whatever else submits records gets the same protection.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import get_args
 
@@ -28,6 +27,7 @@ from nereus.kernel.records import (
     encode_record,
     record_type,
 )
+from nereus.kernel.validation import payload_matches
 from nereus.storage.store import Appendable
 
 _RECORD_TYPES: tuple[type, ...] = get_args(Record)
@@ -76,10 +76,7 @@ def _check_payload(where: str, record: Record, payload: object) -> None:
     if not isinstance(record, Schedule):
         if payload is not None:
             raise ValueError(f"{where}: {name} carries no payload")
-    elif payload is not None and (
-        len(payload) != record.payload_size
-        or hashlib.sha256(payload).hexdigest() != record.payload_digest
-    ):
+    elif payload is not None and not payload_matches(record, payload):
         raise ValueError(
             f"{where}: the payload bytes do not match the schedule's payload_digest "
             "and payload_size"

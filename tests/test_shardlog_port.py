@@ -31,7 +31,6 @@ from nereus.adapters.kafka.wire import (
     decode_reply,
     encode_envelope,
     encode_reply,
-    payload_matches,
     shard_for,
 )
 from nereus.adapters.local.destination import LocalDestination
@@ -39,6 +38,7 @@ from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import EntryOutcome, outcomes_of
 from nereus.kernel.records import Cancel, CommandBatch, LogEntry, Schedule
+from nereus.kernel.validation import payload_matches
 from nereus.runtime.batching import command_record
 from nereus.runtime.clock import read_clock
 from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series

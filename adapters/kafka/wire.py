@@ -12,7 +12,6 @@ a timer's commands to the same partition. Decoders refuse anything else
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import uuid
@@ -24,6 +23,7 @@ from confluent_kafka import KafkaException
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import message_id
 from nereus.kernel.records import Cancel, CommandBatch, Record, Reschedule, Schedule
+from nereus.kernel.validation import payload_matches
 from nereus.storage.store import Payload
 
 
@@ -102,13 +102,6 @@ def _checked(record: Record, payload: object) -> bytes | None:
     if isinstance(record, Schedule) and isinstance(payload, bytes):
         return payload if payload_matches(record, payload) else None
     return None
-
-
-def payload_matches(record: Schedule, payload: bytes) -> bool:
-    return (
-        len(payload) == record.payload_size
-        and hashlib.sha256(payload).hexdigest() == record.payload_digest
-    )
 
 
 def default_process_id() -> str:
