@@ -88,7 +88,10 @@ def _wait_for_progress(proc: subprocess.Popen[bytes], log: Path, lines: int, whe
 
 
 def _handled(log: Path) -> list[tuple[int, int, str]]:
-    lines = log.read_text().splitlines() if log.exists() else []
+    text = log.read_text() if log.exists() else ""
+    # A read racing the worker's append can see a line cut at a page boundary: only lines
+    # the newline has closed count.
+    lines = text[: text.rfind("\n") + 1].splitlines()
     return [(int(run), int(offset), mid) for run, offset, mid in (ln.split() for ln in lines)]
 
 
