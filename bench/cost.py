@@ -112,9 +112,16 @@ def raw_fire(root: str, n: int) -> float:
 
 
 def schedule(
-    root: str, n: int, batch: int, *, run: bool = True, map_bytes: int | None = None
+    root: str,
+    n: int,
+    batch: int,
+    *,
+    run: bool = True,
+    map_bytes: int | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> float:
-    """CPU seconds of committing `n` schedules in units of `batch` through the runtime."""
+    """CPU seconds of committing `n` schedules in units of `batch` through the runtime;
+    `sizes`, if given, receives the bytes of B-tree pages each sub-database then holds."""
     store, dest, runtime = _open(root, map_bytes)
     units = [_items(first, min(batch, n - first), 3_600_000) for first in range(0, n, batch)]
     started = _cpu_s()
@@ -124,10 +131,31 @@ def schedule(
             runtime.run_once()
         assert all(o.code is k.Code.SCHEDULED for o in future.result(0))
     took = _cpu_s() - started
+    if sizes is not None:
+        sizes.update(page_bytes(store))
     runtime.stop()
     store.close()
     dest.close()
     return took
+
+
+def page_bytes(store: ShardStore) -> dict[str, int]:
+    """Bytes of the branch, leaf and overflow pages of every sub-database but the log's
+    and the meta's: what the live timers themselves occupy."""
+    env = store.env
+    dbs: dict[str, Any] = {table.value: db for table, db in env.tables.items()}
+    dbs.update(
+        payload_bytes=env.payload_bytes,
+        lane_timeline=env.lane_timeline,
+        timer_index=env.timer_index,
+    )
+    found: dict[str, int] = {}
+    with env.env.begin() as txn:
+        for name, db in dbs.items():
+            stat = txn.stat(db)
+            pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+            found[name] = pages * stat["psize"]
+    return found
 
 
 def raw_schedule(root: str, n: int, batch: int) -> float:
@@ -211,7 +239,10 @@ def run(timers: int, batches: list[int], instructions: bool) -> dict[str, Any]:
     }
     for batch in batches:
         say(f"cost: {timers:,} durable schedules in batches of {batch}")
-        ours = _in_scratch(lambda root, b=batch: schedule(root, timers, b))  # type: ignore[misc]
+        sizes: dict[str, int] = {}
+        ours = _in_scratch(
+            lambda root, b=batch, out=sizes: schedule(root, timers, b, sizes=out)  # type: ignore[misc]
+        )
         raw = _in_scratch(lambda root, b=batch: raw_schedule(root, timers, b))  # type: ignore[misc]
         result["schedule"].append(
             {
@@ -219,6 +250,10 @@ def run(timers: int, batches: list[int], instructions: bool) -> dict[str, Any]:
                 "schedules": timers,
                 "cpu_us_per_schedule": round(ours / timers * 1e6, 1),
                 "raw_put_sync_cpu_us_per_entry": round(raw / timers * 1e6, 1),
+                "state_bytes_per_live_timer": round(sum(sizes.values()) / timers),
+                "state_bytes_per_live_timer_by_table": {
+                    name: round(size / timers) for name, size in sorted(sizes.items()) if size
+                },
             }
         )
     if instructions:
@@ -260,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             f"durable schedule, batches of {row['batch']}: {row['cpu_us_per_schedule']} us CPU"
             f"{extra}  (raw put+sync {row['raw_put_sync_cpu_us_per_entry']} us)"
         )
+        tables = ", ".join(
+            f"{t} {b}" for t, b in row["state_bytes_per_live_timer_by_table"].items()
+        )
+        print(f"  state: {row['state_bytes_per_live_timer']} bytes a live timer ({tables})")
     write_json(args.json, result)
     return 0
 

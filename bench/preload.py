@@ -43,6 +43,7 @@ from nereus.kernel.model import (
 from nereus.kernel.records import LogEntry, Schedule
 from nereus.storage.codec import (
     encode_entry,
+    encode_row,
     encode_value,
     lane_index_key,
     position_key,
@@ -239,8 +240,8 @@ def _write_lmdb(path: str, live: int, t0_ms: int, on_progress: OnProgress | None
             ):
                 for i in by_mid[start : start + batch]:
                     mkey, message, tkey, work, record = template.timer(i)
-                    _append(messages, mkey, encode_value(message), "messages")
-                    _append(timeline, tkey, encode_value(work), "timeline")
+                    _append(messages, mkey, encode_row(Table.MESSAGES, message), "messages")
+                    _append(timeline, tkey, encode_row(Table.TIMELINE, work), "timeline")
                     buckets.setdefault(record.queue, []).append(i)
                     step()
         del by_mid
@@ -270,8 +271,11 @@ def _write_lmdb(path: str, live: int, t0_ms: int, on_progress: OnProgress | None
         ref, usage, meta = template.shared(live)
         with env.env.begin(write=True) as txn:
             txn.put(DIGEST.encode(), encode_value(PayloadBlob(live, PAYLOAD)), db=env.payload_bytes)
-            txn.put(template.payload_key, encode_value(ref), db=env.tables[Table.PAYLOADS])
-            txn.put(template.usage_key, encode_value(usage), db=env.tables[Table.USAGE])
+            for table, key, value in (
+                (Table.PAYLOADS, template.payload_key, ref),
+                (Table.USAGE, template.usage_key, usage),
+            ):
+                txn.put(key, encode_row(table, value), db=env.tables[table])
             txn.put(SHARD_META_KEY, encode_value(meta), db=env.meta)
         env.env.sync(True)
     finally:

@@ -17,33 +17,73 @@ only: the new field is optional, and an attempt of a version-3 store was admitte
 version 4 migrates to 5 by rewriting the header only (no row of it has one). The bump keeps
 an older build from misreading a store that holds such evidence: it refuses the newer version
 by name instead of failing on an unknown field.
+6: table rows are positional (msgpack arrays of the fields in declaration order, see
+`storage/codec.py`) instead of maps; version 5 migrates to 6 by rewriting every table row in
+the migration's one write transaction (a crash before its commit leaves the version-5 store
+as it was), logging its progress.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
 
 from nereus.kernel.config import KernelConfig
-from nereus.storage.codec import decode_struct, encode_value
+from nereus.kernel.model import Table
+from nereus.storage.codec import decode_map_row, decode_struct, encode_row, encode_value
 from nereus.storage.errors import StoreError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 HEADER_KEY = b"store_header"
 SHARD_META_KEY = b"shard_meta"
 LOG_INFO_KEY = b"log_info"
 LOG_SOURCE_KEY = b"log_source"
 
 
-def _rows_unchanged(_txn: Any) -> None:
+_log = logging.getLogger("nereus.storage")
+# Rows between two progress records of a long migration.
+MIGRATION_PROGRESS_ROWS = 1_000_000
+
+
+def _rows_unchanged(_txn: Any, _env: Any) -> None:
     """A step whose new fields are optional: old rows decode with their defaults."""
 
 
-# from-version -> function migrating an open write transaction to from-version + 1 (the
-# caller rewrites the header's version in the same transaction)
-MIGRATIONS: dict[int, Callable[[Any], None]] = {3: _rows_unchanged, 4: _rows_unchanged}
+def _positional_rows(txn: Any, env: Any) -> None:
+    """Rewrite every table row from its map form to its positional form (schema 6)."""
+    done = 0
+    for table, db in env.tables.items():
+        with txn.cursor(db=db) as cursor:
+            found = cursor.first()
+            while found:
+                key = cursor.key()
+                value = decode_map_row(table, cursor.value(), env.data_file, key)
+                cursor.put(key, encode_row(table, value))
+                done += 1
+                if done % MIGRATION_PROGRESS_ROWS == 0:
+                    _progress(env.data_file, done, table)
+                found = cursor.next()
+    _progress(env.data_file, done, None)
+
+
+def _progress(data_file: str, rows: int, table: Table | None) -> None:
+    event = "store_migration_progress" if table is not None else "store_migration_rows_done"
+    fields = {"store": data_file, "to_version": 6, "rows": rows}
+    if table is not None:
+        fields["table"] = table.value
+    _log.info(event, extra={"event": event, "fields": fields})
+
+
+# from-version -> function migrating an open write transaction (and the store's `Env`) to
+# from-version + 1 (the caller rewrites the header's version in the same transaction)
+MIGRATIONS: dict[int, Callable[[Any, Any], None]] = {
+    3: _rows_unchanged,
+    4: _rows_unchanged,
+    5: _positional_rows,
+}
 
 # from-version -> what the refusal of such a store tells the operator to do instead
 REBUILD_HINTS: dict[int, str] = {
@@ -132,15 +172,16 @@ def check_schema(raw: bytes, path: str) -> StoreHeader:
     return decode_struct(StoreHeader, raw, path, "store header")
 
 
-def migrate(txn: Any, meta_db: Any, header: StoreHeader) -> StoreHeader:
-    """Bring a checked header's store to `SCHEMA_VERSION` inside the open write transaction
-    `txn` (every step, then the header's new version), or return it as it is."""
+def migrate(txn: Any, env: Any, header: StoreHeader) -> StoreHeader:
+    """Bring a checked header's store (`env`, a storage `Env`) to `SCHEMA_VERSION` inside the
+    open write transaction `txn` (every step, then the header's new version), or return it
+    as it is."""
     if header.schema_version == SCHEMA_VERSION:
         return header
     for version in range(header.schema_version, SCHEMA_VERSION):
-        MIGRATIONS[version](txn)
+        MIGRATIONS[version](txn, env)
     header = msgspec.structs.replace(header, schema_version=SCHEMA_VERSION)
-    txn.put(HEADER_KEY, encode_value(header), db=meta_db)
+    txn.put(HEADER_KEY, encode_value(header), db=env.meta)
     return header
 
 

@@ -173,7 +173,7 @@ class ShardStore:
                 txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
                 txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)
             else:
-                header = migrate(txn, env.meta, check_schema(raw, data_file))
+                header = migrate(txn, env, check_schema(raw, data_file))
                 config = config or header.config
         if 3 * config.max_identity_bytes + 2 + 32 > MAX_KEY_BYTES:
             raise StoreError(

@@ -21,7 +21,7 @@ from nereus.adapters.cli.main import main as nereus
 from nereus.kernel.model import ShardMeta
 from nereus.replay import cli as replay_cli
 from nereus.replay.fold import replay
-from nereus.storage.codec import encode_value
+from nereus.storage.codec import encode_row, encode_value
 from nereus.storage.schema import SHARD_META_KEY
 from nereus.storage.store import ShardStore
 from tests.builders import T0_MS, interval_at, mid, published, schedule, unknown
@@ -154,7 +154,9 @@ def test_verify_names_the_first_row_that_differs(
         tampered = msgspec.structs.replace(row, txn="tampered")
         with store.env.env.begin(write=True) as txn:
             txn.put(
-                mid("b").encode(), encode_value(tampered), db=store.env.tables[k.Table.MESSAGES]
+                mid("b").encode(),
+                encode_row(k.Table.MESSAGES, tampered),
+                db=store.env.tables[k.Table.MESSAGES],
             )
     code, out, _ = run(capsys, "--data", str(path), "--verify", "--json")
     assert code == 1

@@ -29,7 +29,7 @@ from nereus.kernel.effects import Effect
 from nereus.kernel.keys import parse_timeline_key, timeline_key
 from nereus.kernel.model import TABLES, PayloadRef, Table, TimelineWork, Value
 from nereus.kernel.state import MappingBase, StateBase
-from nereus.storage.codec import encode_value
+from nereus.storage.codec import encode_row
 from nereus.storage.memory import MemoryStore
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
@@ -183,7 +183,7 @@ class TestLmdbBase(StateBaseContract):
             with env.env.begin(write=True) as txn:
                 for table, table_rows in rows.items():
                     for key, value in table_rows.items():
-                        txn.put(key, encode_value(value), db=env.tables[table])
+                        txn.put(key, encode_row(table, value), db=env.tables[table])
             with store.read() as base:
                 yield base
 

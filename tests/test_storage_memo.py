@@ -3,6 +3,7 @@ this process wrote is not decoded at all, and damaged bytes are never answered f
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,9 +23,18 @@ def test_a_row_written_here_is_read_back_without_decoding() -> None:
 
 
 def test_a_row_read_twice_is_decoded_once() -> None:
-    data = codec.encode_value(k.TenantUsage(live=7, bytes=1))
+    # Made as another process would: positional bytes this process never remembered.
+    data = codec.frame(msgspec.msgpack.encode(msgspec.structs.astuple(k.TenantUsage(7, 1))))
     first = codec.decode_value(Table.USAGE, data, "store", b"t")
+    assert first == k.TenantUsage(live=7, bytes=1)
     assert codec.decode_value(Table.USAGE, bytes(data), "store", b"t") is first
+
+
+def test_a_row_in_the_map_form_of_schema_5_is_refused_as_undecodable() -> None:
+    data = codec.encode_value(k.TenantUsage(live=7, bytes=2))
+    with pytest.raises(CorruptRecord, match="undecodable usage row: Expected `array`"):
+        codec.decode_value(Table.USAGE, data, "store", b"t")
+    assert codec.decode_map_row(Table.USAGE, data, "store", b"t") == k.TenantUsage(7, 2)
 
 
 @props(200)

@@ -13,7 +13,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import lmdb
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,9 +28,15 @@ from nereus.kernel.keys import timeline_key
 from nereus.kernel.model import AttemptStatus, Table, TimelineWork
 from nereus.replay.fold import replay
 from nereus.storage.base import LmdbBase
-from nereus.storage.codec import decode_struct, encode_value, frame
+from nereus.storage.codec import decode_struct, decode_value, encode_value, frame
 from nereus.storage.errors import CorruptRecord, StoreError
-from nereus.storage.schema import HEADER_KEY, SCHEMA_VERSION, SHARD_META_KEY, StoreOptions
+from nereus.storage.schema import (
+    HEADER_KEY,
+    SCHEMA_VERSION,
+    SHARD_META_KEY,
+    StoreHeader,
+    StoreOptions,
+)
 from nereus.storage.snapshot import compact_log, write_snapshot
 from nereus.storage.store import Appendable, Applied, ShardStore
 from tests import strategies
@@ -527,13 +535,14 @@ def test_a_version_3_store_is_migrated_in_place_and_its_rows_still_read(tmp_path
         header = msgspec.structs.replace(store.header, schema_version=3)
         with env.env.begin(write=True) as txn:
             txn.put(HEADER_KEY, encode_value(header), db=env.meta)
+            _map_rows(txn, env)
             db = env.tables[Table.ATTEMPTS]
             for key, raw in list(txn.cursor(db=db)):
                 row = msgspec.msgpack.decode(raw[4:])
                 del row["fence_id"]
                 txn.put(key, frame(msgspec.msgpack.encode(row)), db=db)
     with ShardStore.open(path) as store:
-        assert store.header.schema_version == SCHEMA_VERSION == 5
+        assert store.header.schema_version == SCHEMA_VERSION == 6
         with store.read() as view:
             (attempt,) = [a for _, a in view.items(Table.ATTEMPTS)]
         assert isinstance(attempt, k.Attempt) and attempt.fence_id is None
@@ -541,3 +550,71 @@ def test_a_version_3_store_is_migrated_in_place_and_its_rows_still_read(tmp_path
         assert replay_digest(store) == digest
     with ShardStore.open(path) as store:  # the header was rewritten durably
         assert store.header.schema_version == SCHEMA_VERSION
+
+
+def _map_rows(txn: Any, env: Any) -> None:
+    """Rewrite every table row in the map form of schema 5 and earlier."""
+    for table, db in env.tables.items():
+        for key, raw in list(txn.cursor(db=db)):
+            value = decode_value(table, raw, env.data_file, key)
+            txn.put(key, frame(msgspec.msgpack.encode(value)), db=db)
+
+
+def test_a_version_5_store_gets_positional_rows_and_reads_as_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Schema 6 stores each table row as an array of its fields. Opening a version-5 store
+    (rows as maps of field names) rewrites every row in place, in the open's one write
+    transaction: the rows read back equal, the state digest is unchanged, the message rows
+    shrink, and the rewrite says how many rows it did."""
+    path = str(tmp_path / "shard")
+    with ShardStore.open(path) as store:
+        for key in ("a", "b", "c"):
+            store.commit([(schedule(key, delay_ms=0), PAYLOAD)], T0_MS)
+        store.commit([(admission_for(store, "a", T0_MS + 10), None)], T0_MS + 10)
+        digest = replay_digest(store)
+        with store.read() as view:
+            before = {t: list(view.items(t)) for t in Table}
+        env = store.env
+        with env.env.begin(write=True) as txn:
+            positional = txn.get(mid("a").encode(), db=env.tables[Table.MESSAGES])
+            header = msgspec.structs.replace(store.header, schema_version=5)
+            txn.put(HEADER_KEY, encode_value(header), db=env.meta)
+            _map_rows(txn, env)
+            as_map = txn.get(mid("a").encode(), db=env.tables[Table.MESSAGES])
+    assert len(positional) * 2 < len(as_map)
+    with caplog.at_level("INFO", logger="nereus.storage"), ShardStore.open(path) as store:
+        assert store.header.schema_version == SCHEMA_VERSION == 6
+        with store.read() as view:
+            assert {t: list(view.items(t)) for t in Table} == before
+        assert replay_digest(store) == digest
+        env = store.env
+        with env.env.begin() as txn:
+            assert txn.get(mid("a").encode(), db=env.tables[Table.MESSAGES]) == positional
+    (done,) = [r for r in caplog.records if r.getMessage() == "store_migration_rows_done"]
+    rows = sum(len(v) for v in before.values())
+    assert done.__dict__["fields"] == {"store": env.data_file, "to_version": 6, "rows": rows}
+
+
+def test_a_version_5_row_that_does_not_decode_refuses_the_migration(tmp_path: Path) -> None:
+    """The migration reads every row: a damaged one refuses the open, naming the table and
+    key, and leaves the version-5 store as it was."""
+    path = str(tmp_path / "shard")
+    with ShardStore.open(path) as store:
+        store.commit([(schedule("a", delay_ms=0), PAYLOAD)], T0_MS)
+        env = store.env
+        with env.env.begin(write=True) as txn:
+            header = msgspec.structs.replace(store.header, schema_version=5)
+            txn.put(HEADER_KEY, encode_value(header), db=env.meta)
+            _map_rows(txn, env)
+            txn.put(mid("a").encode(), frame(b"\x93\x01\x02\x03"), db=env.tables[Table.MESSAGES])
+    with pytest.raises(CorruptRecord, match=rf"table messages, key {mid('a').encode().hex()}"):
+        ShardStore.open(path)
+    lmdb_env = lmdb.open(path, readonly=True, lock=False, max_dbs=32)
+    try:
+        with lmdb_env.begin() as txn:
+            raw = txn.get(HEADER_KEY, db=lmdb_env.open_db(b"meta", txn=txn, create=False))
+    finally:
+        lmdb_env.close()
+    assert raw is not None
+    assert decode_struct(StoreHeader, raw, path, "header").schema_version == 5
