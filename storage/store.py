@@ -255,6 +255,11 @@ class ShardStore:
                 f"{name}, key {key.hex()}",
             )
 
+    def reload_positions(self) -> None:
+        """Read the shard meta, the log info and the log source again, after something other
+        than a commit wrote them (a state import)."""
+        self._load_positions()
+
     def _load_positions(self) -> None:
         data_file = self._env.data_file
         with self._env.env.begin() as txn:
