@@ -28,7 +28,7 @@ from typing import Any, Final
 import msgspec
 
 from nereus.kernel.model import TABLES, ShardMeta
-from nereus.storage.codec import encode_value
+from nereus.storage.codec import decode_struct, encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import (
     LOG_SOURCE_KEY,
@@ -109,7 +109,18 @@ class StateExport:
         self._store = store
         self._txn = txn
         self._max = max_chunk_bytes
-        self._meta = store.meta
+        # From the read snapshot itself: the store may commit while the chunks are taken.
+        env = store.env
+        raw_meta = txn.get(SHARD_META_KEY, db=env.meta)
+        raw_source = txn.get(LOG_SOURCE_KEY, db=env.meta)
+        if raw_meta is None:
+            raise StoreError(env.data_file, "store header present but meta is missing")
+        self._meta = decode_struct(ShardMeta, raw_meta, env.data_file, "shard meta")
+        self._source = (
+            None
+            if raw_source is None
+            else decode_struct(LogSource, raw_source, env.data_file, "log source")
+        )
         self._hash = hashlib.sha256()
         self._chunks = self._rows = self._bytes = 0
         self._done = False
@@ -150,7 +161,7 @@ class StateExport:
             config_fingerprint=header.config_fingerprint,
             position=self._meta.position,
             meta=self._meta,
-            source=self._store.source,
+            source=self._source,
             chunks=self._chunks,
             rows=self._rows,
             bytes=self._bytes,

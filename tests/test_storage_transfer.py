@@ -23,6 +23,7 @@ from nereus.storage.errors import StoreError
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 from nereus.storage.transfer import StateImport, TransferManifest, export_state
+from tests.builders import T0_MS, schedule
 from tests.strategies import props
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "2026-12-commands-v1-export-v3-schema-6"
@@ -183,3 +184,24 @@ def test_a_damaged_transfer_is_refused_or_is_the_exported_state(
         except StoreError:
             return
         assert _dump(target) == _dump(source)
+
+
+def test_the_export_is_of_its_read_snapshot_while_the_store_commits(tmp_path: Path) -> None:
+    """Chunks taken while the store goes on committing are the state as it was when the
+    export began, and so are the manifest's position, meta and digest."""
+    path = tmp_path / "store"
+    shutil.copytree(GOLDEN / "store", path)
+    with ShardStore.open(str(path), create=False) as store:
+        before = _dump(store)
+        digest = _digest(store)
+        with export_state(store, 4096) as export:
+            chunks = export.chunks()
+            first = next(chunks)
+            store.commit([(schedule("late", delay_ms=60_000), None)], T0_MS + 10**9)
+            rest = list(chunks)
+            manifest = export.manifest()
+        assert store.meta.position == manifest.position + 1
+        with _target(tmp_path, store) as target:
+            _import(target, [first, *rest], manifest)
+            assert _dump(target) == before
+            assert _digest(target) == digest
