@@ -125,6 +125,11 @@ class StateExport:
         self._chunks = self._rows = self._bytes = 0
         self._done = False
 
+    @property
+    def source(self) -> LogSource | None:
+        """The log the exported state was folded from, as of the read snapshot."""
+        return self._source
+
     def chunks(self) -> Iterator[bytes]:
         pending: list[tuple[int, bytes, bytes]] = []
         size = 0

@@ -1,0 +1,154 @@
+"""Shard snapshots through a real Kafka broker (`adapters/kafka/snapshots.py`): a state
+written as chunk records and a manifest comes back whole into an empty store elsewhere; a
+fenced producer publishes no manifest; a snapshot whose chunks were deleted is refused with
+the offsets, never restored in part.
+
+The state is a golden set's store (every record type, payloads, dead letters, open
+obligations), its source rewritten to name the test's commands topic, as a Kafka owner's
+store would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from nereus.adapters.kafka.snapshots import (
+    latest_manifest,
+    manifests_topic,
+    publish_snapshot,
+    restore_snapshot,
+    snapshots_topic,
+)
+from nereus.kernel.digest import state_digest
+from nereus.storage.codec import encode_value
+from nereus.storage.errors import StoreError
+from nereus.storage.schema import LOG_SOURCE_KEY, LogSource, StoreOptions
+from nereus.storage.store import ShardStore
+from tests import kafka_env
+from tests.kafka_env import create_topic, unique_topic
+
+kafka_bootstrap = kafka_env.kafka_bootstrap
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "2026-12-commands-v1-export-v3-schema-6"
+COVERED_OFFSET = 4_321
+
+
+@pytest.fixture
+def topic(kafka_bootstrap: str) -> str:
+    commands = unique_topic("snap")
+    create_topic(kafka_bootstrap, snapshots_topic(commands), partitions=2)
+    create_topic(
+        kafka_bootstrap,
+        manifests_topic(commands),
+        partitions=2,
+        config={"cleanup.policy": "compact"},
+    )
+    return commands
+
+
+@pytest.fixture
+def source(tmp_path: Path, topic: str) -> Iterator[ShardStore]:
+    path = tmp_path / "source"
+    shutil.copytree(GOLDEN / "store", path)
+    with ShardStore.open(str(path), create=False) as store:
+        env = store.env
+        with env.env.begin(write=True) as txn:
+            txn.put(
+                LOG_SOURCE_KEY,
+                encode_value(LogSource("kafka", topic, 1, COVERED_OFFSET)),
+                db=env.meta,
+            )
+        store.reload_positions()
+        yield store
+
+
+def _producer(bootstrap: str, transactional_id: str) -> Producer:
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "linger.ms": 1}
+    )
+    producer.init_transactions(30)
+    return producer
+
+
+def _digest(store: ShardStore) -> str:
+    with store.state_view() as state:
+        return state_digest(state)
+
+
+def _empty(tmp_path: Path, like: ShardStore, name: str = "restored") -> ShardStore:
+    return ShardStore.open(
+        str(tmp_path / name),
+        shard_id=like.header.shard_id,
+        config=like.config,
+        options=StoreOptions(check_structure_on_open=False),
+    )
+
+
+def test_a_snapshot_written_through_kafka_restores_into_an_empty_store(
+    kafka_bootstrap: str, topic: str, source: ShardStore, tmp_path: Path
+) -> None:
+    producer = _producer(kafka_bootstrap, f"nereus-test-{uuid.uuid4().hex}")
+    written = publish_snapshot(
+        source, producer, topic, 1, chunk_bytes=4096, bytes_per_transaction=16 * 1024
+    )
+    assert written.covered_offset == COVERED_OFFSET
+    assert written.transfer.chunks > 4  # several transactions of several chunks
+    settings = {"bootstrap.servers": kafka_bootstrap}
+    assert latest_manifest(settings, topic, 0) is None  # another shard's partition
+    found = latest_manifest(settings, topic, 1)
+    assert found == written
+    with _empty(tmp_path, source) as restored:
+        restore_snapshot(restored, settings, found)
+        assert restored.meta == source.meta
+        assert restored.source == LogSource("kafka", topic, 1, COVERED_OFFSET)
+        assert _digest(restored) == _digest(source)
+        # The restored store folds on from the position after the snapshot's.
+        assert restored.log_last_position == restored.meta.position == written.transfer.position
+
+
+def test_the_newest_manifest_is_the_one_restored(
+    kafka_bootstrap: str, topic: str, source: ShardStore, tmp_path: Path
+) -> None:
+    producer = _producer(kafka_bootstrap, f"nereus-test-{uuid.uuid4().hex}")
+    settings = {"bootstrap.servers": kafka_bootstrap}
+    first = publish_snapshot(source, producer, topic, 1, chunk_bytes=64 * 1024)
+    second = publish_snapshot(source, producer, topic, 1, chunk_bytes=64 * 1024)
+    assert second.first_chunk_offset > first.last_chunk_offset
+    assert latest_manifest(settings, topic, 1) == second
+
+
+def test_a_fenced_producer_publishes_no_snapshot(
+    kafka_bootstrap: str, topic: str, source: ShardStore
+) -> None:
+    """A zombie: its transactional id was taken by a new owner. Its chunks abort with its
+    transaction and no manifest of it is ever read."""
+    transactional_id = f"nereus-test-{uuid.uuid4().hex}"
+    zombie = _producer(kafka_bootstrap, transactional_id)
+    _producer(kafka_bootstrap, transactional_id)  # the new owner fences it
+    with pytest.raises(KafkaException):
+        publish_snapshot(source, zombie, topic, 1, chunk_bytes=4096)
+    assert latest_manifest({"bootstrap.servers": kafka_bootstrap}, topic, 1) is None
+
+
+def test_a_snapshot_whose_chunks_were_deleted_is_refused_with_the_offsets(
+    kafka_bootstrap: str, topic: str, source: ShardStore, tmp_path: Path
+) -> None:
+    producer = _producer(kafka_bootstrap, f"nereus-test-{uuid.uuid4().hex}")
+    written = publish_snapshot(source, producer, topic, 1, chunk_bytes=4096)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    cut = TopicPartition(snapshots_topic(topic), 1, written.first_chunk_offset + 2)
+    for future in admin.delete_records([cut]).values():
+        future.result(30)
+    problem = (
+        rf"snapshot {written.snapshot_id} starts at .*offset {written.first_chunk_offset}, "
+        rf"but the partition now starts at {written.first_chunk_offset + 2}"
+    )
+    with _empty(tmp_path, source) as restored, pytest.raises(StoreError, match=problem):
+        restore_snapshot(restored, {"bootstrap.servers": kafka_bootstrap}, written)
