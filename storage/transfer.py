@@ -185,9 +185,9 @@ def export_state(
 
 
 class StateImport:
-    """Loads chunks, in order, into an empty store; `finish` checks them and makes the
-    store the exported one. A refused import leaves the store unusable: restore into a
-    fresh directory and move it into place only after `finish`."""
+    """Loads chunks, in order, into an empty store; `finish` checks them and only then
+    writes the meta that makes the store the exported one. Until then the store's meta still
+    says it is empty; `abandon` removes what a refused import wrote."""
 
     def __init__(self, store: ShardStore) -> None:
         if store.meta.position != 0 or store.log_last_position != 0:
@@ -224,6 +224,8 @@ class StateImport:
         self._rows += len(rows)
 
     def finish(self, manifest: TransferManifest) -> None:
+        """Check the chunks against `manifest` (counts, identity, and the digest of what was
+        written, read back), then write the meta that makes the store the exported one."""
         store = self._store
         header = store.header
         for what, theirs, ours in (
@@ -239,13 +241,6 @@ class StateImport:
             if theirs != ours:
                 raise self._refuse(f"the manifest's {what} is {theirs!r}, here {ours!r}")
         env = store.env
-        with env.env.begin(write=True) as txn:
-            txn.put(SHARD_META_KEY, encode_value(manifest.meta), db=env.meta)
-            if manifest.source is not None:
-                txn.put(LOG_SOURCE_KEY, encode_value(manifest.source), db=env.meta)
-            store.set_log_info(
-                txn, LogInfo(floor=manifest.position + 1, snapshot_position=manifest.position)
-            )
         with env.env.begin() as txn:
             h = hashlib.sha256()
             for db_index, db in enumerate(self._dbs):
@@ -258,4 +253,19 @@ class StateImport:
                 f"the imported state's digest {digest} differs from the manifest's "
                 f"{manifest.digest}"
             )
+        with env.env.begin(write=True) as txn:
+            txn.put(SHARD_META_KEY, encode_value(manifest.meta), db=env.meta)
+            if manifest.source is not None:
+                txn.put(LOG_SOURCE_KEY, encode_value(manifest.source), db=env.meta)
+            store.set_log_info(
+                txn, LogInfo(floor=manifest.position + 1, snapshot_position=manifest.position)
+            )
         store.reload_positions()
+
+    def abandon(self) -> None:
+        """Empty what the chunks wrote, leaving the store as empty as it was: an import that
+        was refused can then be tried again, from this or another snapshot."""
+        with self._store.env.env.begin(write=True) as txn:
+            for db in self._dbs:
+                txn.drop(db, delete=False)
+        self._next = self._rows = 0

@@ -19,6 +19,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from nereus.adapters.clock import SystemClock
+from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.adapters.kafka.snapshots import (
     latest_manifest,
     manifests_topic,
@@ -26,12 +28,14 @@ from nereus.adapters.kafka.snapshots import (
     restore_snapshot,
     snapshots_topic,
 )
+from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.digest import state_digest
 from nereus.storage.codec import encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import LOG_SOURCE_KEY, LogSource, StoreOptions
 from nereus.storage.store import ShardStore
 from tests import kafka_env
+from tests.kafka_cluster import Topics, wait_until
 from tests.kafka_env import create_topic, unique_topic
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
@@ -152,3 +156,104 @@ def test_a_snapshot_whose_chunks_were_deleted_is_refused_with_the_offsets(
     )
     with _empty(tmp_path, source) as restored, pytest.raises(StoreError, match=problem):
         restore_snapshot(restored, {"bootstrap.servers": kafka_bootstrap}, written)
+
+
+# A new owner without a store -----------------------------------------------------------------
+
+
+def _service(bootstrap: str, data: Path, topics: Topics) -> KafkaService:
+    return KafkaService(
+        KafkaServiceConfig(
+            bootstrap=bootstrap,
+            data_dir=str(data),
+            commands_topic=topics.commands,
+            replies_topic=topics.replies,
+            group=topics.group,
+            shards=1,
+            destination_topics={topics.queue: topics.destination},
+        ),
+        clock=SystemClock(assumed_error_ms=2),
+    )
+
+
+def _schedule(service: KafkaService, topics: Topics, keys: list[str], delay_ms: int) -> None:
+    items = [
+        schedule_record(topics.queue, key, f"p-{key}".encode(), delay_ms=delay_ms, txn=key)
+        for key in keys
+    ]
+    assert [o.code for o in service.execute(items, 30)] == ["scheduled"] * len(keys)
+
+
+def _delete_commands_before(bootstrap: str, topic: str, offset: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, offset)]).values():
+        future.result(30)
+
+
+def test_a_new_owner_restores_the_snapshot_and_folds_only_the_tail(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Owner A folds 40 schedules and its state is published as a snapshot; the commands
+    before it are deleted, so folding from offset 0 is impossible. Owner B, with no store,
+    restores the snapshot, folds the commands after it, and serves all of them: the old
+    timers are still pending with their payloads, the new ones fire."""
+    topics = Topics.unique(create_topic(kafka_bootstrap, unique_topic("dest")))
+    old = [f"old{i}" for i in range(40)]
+    a = _service(kafka_bootstrap, tmp_path / "a", topics)
+    try:
+        a.start()
+        wait_until(lambda: a.shard_states() == {0: "active"}, 30, "A's shard active")
+        _schedule(a, topics, old, 3_600_000)
+    finally:
+        a.close()
+    with ShardStore.open(str(tmp_path / "a" / "shard-0"), create=False) as store:
+        producer = _producer(kafka_bootstrap, f"nereus-test-{uuid.uuid4().hex}")
+        manifest = publish_snapshot(store, producer, topics.commands, 0, chunk_bytes=8192)
+    assert manifest.covered_offset >= 0
+    _delete_commands_before(kafka_bootstrap, topics.commands, manifest.covered_offset + 1)
+    b = _service(kafka_bootstrap, tmp_path / "b", topics)
+    try:
+        b.start()
+        wait_until(lambda: b.shard_states() == {0: "active"}, 60, "B's shard active")
+        restored = b.owned_store(0)
+        assert restored is not None and restored.log_info.snapshot_position > 0
+        for key in old[:5]:
+            peek = b.peek(topics.queue, key)
+            assert peek.status == "SCHEDULED" and peek.payload is not None
+        new = [f"new{i}" for i in range(5)]
+        _schedule(b, topics, new, 200)
+        wait_until(
+            lambda: all(b.peek(topics.queue, k).status == "DELIVERED" for k in new),
+            30,
+            "the tail's timers DELIVERED",
+        )
+    finally:
+        b.close()
+    with ShardStore.open(str(tmp_path / "b" / "shard-0"), create=False) as store:
+        assert store.log_info.snapshot_position == manifest.transfer.position
+        assert store.meta.position > manifest.transfer.position
+        first = next(store.iter_log(manifest.transfer.position + 1))
+        assert first.position == manifest.transfer.position + 1
+
+
+def test_without_a_snapshot_a_deleted_log_start_halts_the_shard_naming_the_offsets(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topics = Topics.unique(create_topic(kafka_bootstrap, unique_topic("dest")))
+    a = _service(kafka_bootstrap, tmp_path / "a", topics)
+    try:
+        a.start()
+        wait_until(lambda: a.shard_states() == {0: "active"}, 30, "A's shard active")
+        _schedule(a, topics, ["k1", "k2"], 3_600_000)
+    finally:
+        a.close()
+    _delete_commands_before(kafka_bootstrap, topics.commands, 1)
+    b = _service(kafka_bootstrap, tmp_path / "b", topics)
+    try:
+        b.start()
+        wait_until(lambda: b.shard_states() == {0: "halted"}, 60, "B's shard halted")
+        (reason,) = b.ownership.halted().values()
+        assert f"{topics.commands}[0] starts at offset 1, not 0" in reason
+        assert f"no snapshot in {topics.commands}.manifests[0]" in reason
+    finally:
+        b.close()

@@ -135,8 +135,19 @@ def test_a_transfer_missing_or_out_of_order_is_refused(
         del chunks[-1]
     else:
         chunks[1] = b"\x00not a chunk"
-    with _target(tmp_path, source) as target, pytest.raises(StoreError, match=problem):
-        _import(target, chunks, manifest)
+    with _target(tmp_path, source) as target:
+        into = StateImport(target)
+        with pytest.raises(StoreError, match=problem):
+            for chunk in chunks:
+                into.add(chunk)
+            into.finish(manifest)
+        # Refused: the store still says it is empty, and once abandoned it takes the
+        # transfer whole.
+        assert target.meta.position == 0 and target.source is None
+        into.abandon()
+        good, manifest = _export(source, 8 * 1024)
+        _import(target, good, manifest)
+        assert _dump(target) == _dump(source)
 
 
 def test_a_changed_value_is_caught_by_the_digest(source: ShardStore, tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from confluent_kafka import (
 )
 
 from nereus.adapters.kafka.log_writer import LogWriter
+from nereus.adapters.kafka.snapshots import latest_manifest, manifests_topic, restore_snapshot
 from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
@@ -172,14 +173,25 @@ class KafkaLog:
             low, _high = watermarks(
                 consumer, TopicPartition(c.topic, c.partition), c.init_timeout_s
             )
-            if low > 0:
+            try:
+                restored = self._restore_snapshot(common, low)
+            except BaseException:
+                consumer.close()
+                raise
+            if restored is not None:
+                self._folded_offset = restored
+                start = restored + 1
+            elif low > 0:
                 consumer.close()
                 raise StoreError(
                     self.store.path,
                     f"{c.topic}[{c.partition}] starts at offset {low}, not 0 (retention "
-                    "deleted records): shard log positions cannot be counted from here",
+                    "deleted records), and no snapshot in "
+                    f"{manifests_topic(c.topic)}[{c.partition}] covers offset {low - 1}: "
+                    "shard log positions cannot be counted from here",
                 )
-            start = OFFSET_BEGINNING
+            else:
+                start = OFFSET_BEGINNING
         consumer.assign([TopicPartition(c.topic, c.partition, start)])
         self._consumer = consumer
         self._opened = True
@@ -192,6 +204,47 @@ class KafkaLog:
             applied_position=self.store.meta.position,
             tenure=self.tenure,
         )
+
+    def _restore_snapshot(self, common: dict[str, Any], low: int) -> int | None:
+        """A fresh store takes the shard's newest snapshot, if there is one: returns the
+        commands offset it covers (the fold resumes after it), or None to fold from offset
+        0. A snapshot that cannot be restored is refused where the log cannot replace it
+        (its start was deleted), and passed over where it can."""
+        c = self.config
+        manifest = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
+        if manifest is None:
+            return None
+        if manifest.covered_offset < low - 1:
+            raise StoreError(
+                self.store.path,
+                f"{c.topic}[{c.partition}] starts at offset {low}, but its newest snapshot "
+                f"({manifest.snapshot_id}) covers offsets up to {manifest.covered_offset} "
+                "only: the records between were deleted",
+            )
+        started = time.monotonic()
+        try:
+            restore_snapshot(self.store, common, manifest)
+        except StoreError as exc:
+            if low > 0:
+                raise
+            self.log.warning(
+                "snapshot_restore_failed",
+                partition=c.partition,
+                snapshot_id=manifest.snapshot_id,
+                error=str(exc),
+            )
+            return None
+        self.log.info(
+            "snapshot_restored",
+            partition=c.partition,
+            snapshot_id=manifest.snapshot_id,
+            covered_offset=manifest.covered_offset,
+            position=manifest.transfer.position,
+            rows=manifest.transfer.rows,
+            bytes=manifest.transfer.bytes,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return manifest.covered_offset
 
     # State --------------------------------------------------------------------------------
 

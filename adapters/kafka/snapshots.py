@@ -210,6 +210,8 @@ def latest_manifest(
     consumer = _consumer(settings, f"nereus-manifests-{partition}")
     try:
         tp = TopicPartition(manifests_topic(topic), partition)
+        if not _exists(consumer, tp.topic, timeout_s):
+            return None  # a deployment whose topics predate snapshots: nothing to restore
         low, high = watermarks(consumer, tp, timeout_s)
         if high <= low:
             return None
@@ -224,6 +226,15 @@ def latest_manifest(
         return newest
     finally:
         consumer.close()
+
+
+def _exists(consumer: Any, topic: str, timeout_s: float) -> bool:
+    meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if meta is None or meta.error is None:
+        return meta is not None
+    if meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        return False
+    raise KafkaException(meta.error)
 
 
 def restore_snapshot(
@@ -249,11 +260,15 @@ def restore_snapshot(
         into = StateImport(store)
         index = 0
         start = TopicPartition(tp.topic, tp.partition, manifest.first_chunk_offset)
-        for m in _read(consumer, start, manifest.last_chunk_offset, timeout_s):
-            if m.key() != chunk_key(manifest.snapshot_id, index):
-                continue  # another snapshot's chunk, interleaved: never this one's
-            into.add(m.value() or b"")
-            index += 1
-        into.finish(manifest.transfer)
+        try:
+            for m in _read(consumer, start, manifest.last_chunk_offset, timeout_s):
+                if m.key() != chunk_key(manifest.snapshot_id, index):
+                    continue  # another snapshot's chunk, interleaved: never this one's
+                into.add(m.value() or b"")
+                index += 1
+            into.finish(manifest.transfer)
+        except BaseException:
+            into.abandon()
+            raise
     finally:
         consumer.close()

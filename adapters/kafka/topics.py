@@ -5,7 +5,8 @@ Theory of operation: the commands topic's partitions are the shards. It is creat
 shard log may carry) and no retention (positions are counted from offset 0), and an existing
 one is refused at start if its timestamps are not the broker's or if an explicit shard count
 differs from its partition count (changing it would move identities between shards). The
-replies topic keeps replies for `replies_retention_ms`.
+replies topic keeps replies for `replies_retention_ms`. The snapshot chunks and manifests
+topics (`adapters.kafka.snapshots`) get the commands topic's partition count.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from nereus.adapters.kafka.config import KafkaServiceConfig
+from nereus.adapters.kafka.snapshots import manifests_topic, snapshots_topic
 from nereus.runtime.log import Logger
 
 
@@ -61,6 +63,7 @@ def ensure_topics(c: KafkaServiceConfig, max_message_bytes: int, log: Logger) ->
             "count is the partition count, and changing it would move identities "
             "between shards"
         )
+    _ensure_snapshot_topics(admin, c, partitions, max_message_bytes, log)
     resource = ConfigResource(ConfigResource.Type.TOPIC, c.commands_topic)
     entries = admin.describe_configs([resource])[resource].result(timeout=c.admin_timeout_s)
     ts_type = entries.get("message.timestamp.type")
@@ -71,6 +74,45 @@ def ensure_topics(c: KafkaServiceConfig, max_message_bytes: int, log: Logger) ->
             "time must be the broker's (LogAppendTime)"
         )
     return partitions
+
+
+def _ensure_snapshot_topics(
+    admin: Any, c: KafkaServiceConfig, partitions: int, max_message_bytes: int, log: Logger
+) -> None:
+    """The shards' snapshot chunks and manifests (`adapters.kafka.snapshots`): partition p
+    of each is shard p's, so both have the commands topic's partition count."""
+    chunks = NewTopic(
+        snapshots_topic(c.commands_topic),
+        partitions,
+        c.replication_factor,
+        config={
+            "cleanup.policy": "delete",
+            "retention.ms": "-1",
+            "retention.bytes": "-1",
+            "max.message.bytes": str(max_message_bytes),
+        },
+    )
+    manifests = NewTopic(
+        manifests_topic(c.commands_topic),
+        partitions,
+        c.replication_factor,
+        config={"cleanup.policy": "compact"},
+    )
+    futures = admin.create_topics([chunks, manifests], operation_timeout=c.admin_timeout_s)
+    for name, future in futures.items():
+        try:
+            future.result(timeout=c.admin_timeout_s)
+            log.info("topic_created", topic=name, partitions=partitions)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    for name in (chunks.topic, manifests.topic):
+        found = wait_for_leaders(admin, name, c.admin_timeout_s)
+        if found != partitions:
+            raise ValueError(
+                f"{name} has {found} partitions, not {partitions} as {c.commands_topic}: "
+                "partition p of it must be shard p's"
+            )
 
 
 def wait_for_leaders(admin: Any, topic: str, timeout_s: float) -> int:
