@@ -30,6 +30,7 @@ from nereus.adapters.kafka.snapshots import (
 )
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.digest import state_digest
+from nereus.kernel.model import Table
 from nereus.storage.codec import encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import LOG_SOURCE_KEY, LogSource, StoreOptions
@@ -161,7 +162,9 @@ def test_a_snapshot_whose_chunks_were_deleted_is_refused_with_the_offsets(
 # A new owner without a store -----------------------------------------------------------------
 
 
-def _service(bootstrap: str, data: Path, topics: Topics) -> KafkaService:
+def _service(
+    bootstrap: str, data: Path, topics: Topics, snapshot_interval_ms: int = 0
+) -> KafkaService:
     return KafkaService(
         KafkaServiceConfig(
             bootstrap=bootstrap,
@@ -171,6 +174,8 @@ def _service(bootstrap: str, data: Path, topics: Topics) -> KafkaService:
             group=topics.group,
             shards=1,
             destination_topics={topics.queue: topics.destination},
+            snapshot_interval_ms=snapshot_interval_ms,
+            snapshot_bytes_per_tick=16 * 1024,
         ),
         clock=SystemClock(assumed_error_ms=2),
     )
@@ -182,6 +187,11 @@ def _schedule(service: KafkaService, topics: Topics, keys: list[str], delay_ms: 
         for key in keys
     ]
     assert [o.code for o in service.execute(items, 30)] == ["scheduled"] * len(keys)
+
+
+def _messages(path: Path) -> dict[bytes, object]:
+    with ShardStore.open(str(path), create=False) as store, store.read() as view:
+        return dict(view.items(Table.MESSAGES))
 
 
 def _delete_commands_before(bootstrap: str, topic: str, offset: int) -> None:
@@ -257,3 +267,57 @@ def test_without_a_snapshot_a_deleted_log_start_halts_the_shard_naming_the_offse
         assert f"no snapshot in {topics.commands}.manifests[0]" in reason
     finally:
         b.close()
+
+
+def test_the_owner_writes_snapshots_while_it_works_and_a_new_owner_takes_the_newest(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Owner A writes a snapshot every 500 ms from its tick loop (16 KiB of chunks a tick)
+    while clients schedule and timers fire. Once a snapshot covers every command, A stops,
+    the commands it covers are deleted, and owner B, with no store, restores it: B's state is
+    A's, and B goes on firing."""
+    topics = Topics.unique(create_topic(kafka_bootstrap, unique_topic("dest")))
+    keys = [f"k{i}" for i in range(60)]
+    a = _service(kafka_bootstrap, tmp_path / "a", topics, snapshot_interval_ms=500)
+    try:
+        a.start()
+        wait_until(lambda: a.shard_states() == {0: "active"}, 30, "A's shard active")
+        _schedule(a, topics, keys[:30], 100)  # these fire meanwhile
+        _schedule(a, topics, keys[30:], 3_600_000)
+        wait_until(
+            lambda: all(a.peek(topics.queue, k).status == "DELIVERED" for k in keys[:30]),
+            30,
+            "the first 30 DELIVERED",
+        )
+        store = a.owned_store(0)
+        assert store is not None
+        settled = store.meta.position
+
+        def covers_everything() -> bool:
+            found = latest_manifest({"bootstrap.servers": kafka_bootstrap}, topics.commands, 0)
+            return found is not None and found.transfer.position >= settled
+
+        wait_until(covers_everything, 30, "a snapshot covering every command")
+    finally:
+        a.close()
+    manifest = latest_manifest({"bootstrap.servers": kafka_bootstrap}, topics.commands, 0)
+    assert manifest is not None
+    a_messages = _messages(tmp_path / "a" / "shard-0")
+    _delete_commands_before(kafka_bootstrap, topics.commands, manifest.covered_offset + 1)
+    b = _service(kafka_bootstrap, tmp_path / "b", topics)
+    try:
+        b.start()
+        wait_until(lambda: b.shard_states() == {0: "active"}, 60, "B's shard active")
+        restored = b.owned_store(0)
+        assert restored is not None
+        assert restored.log_info.snapshot_position == manifest.transfer.position
+        for key in keys[30:35]:
+            assert b.peek(topics.queue, key).status == "SCHEDULED"
+        _schedule(b, topics, ["late"], 100)
+        wait_until(lambda: b.peek(topics.queue, "late").status == "DELIVERED", 30, "B fires")
+    finally:
+        b.close()
+    b_messages = _messages(tmp_path / "b" / "shard-0")
+    late = {k for k in b_messages if k not in a_messages}
+    assert len(late) == 1
+    assert {k: v for k, v in b_messages.items() if k not in late} == a_messages

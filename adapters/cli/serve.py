@@ -123,6 +123,13 @@ def register(sub: Any) -> None:
         "supervised by this one (one interpreter lock each: more of the machine's cores)",
     )
     k.add_argument(
+        "--snapshot-interval-ms",
+        type=_non_negative_int,
+        default=600_000,
+        help="each owner writes a snapshot of its shard to <commands>.snapshots this often "
+        "(0: never); a new owner without a store restores the newest (default 600000)",
+    )
+    k.add_argument(
         "--no-command-batches",
         dest="command_batches",
         action="store_false",
@@ -402,6 +409,7 @@ def serve_kafka(
         destination_delivery=args.delivery,
         destination_bootstrap=args.destination_bootstrap,
         command_batches=args.command_batches,
+        snapshot_interval_ms=args.snapshot_interval_ms,
         client_config=dict(tenancy.kafka_settings),
         process_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
     )
@@ -471,3 +479,13 @@ def _stop_within(timeout_s: float, log: Logger, code: int, *steps: Callable[[], 
     log.error("stop_timeout", timeout_s=timeout_s, detail="exiting with work still running")
     sys.stderr.flush()
     os._exit(1)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value

@@ -51,6 +51,10 @@ class KafkaServiceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     send_lease_ms: int = 2_000
     proof_interval_ms: int = 1_000
     replies_retention_ms: int = 3_600_000
+    # Each owner writes a snapshot of its shard this often (0: never), a bounded number of
+    # bytes a tick; a new owner without a store restores the newest (specs/kafka.md).
+    snapshot_interval_ms: int = 600_000
+    snapshot_bytes_per_tick: int = 1024 * 1024
     admin_timeout_s: float = 30.0
     client_config: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
 

@@ -41,7 +41,16 @@ from confluent_kafka import (
 )
 
 from nereus.adapters.kafka.log_writer import LogWriter
-from nereus.adapters.kafka.snapshots import latest_manifest, manifests_topic, restore_snapshot
+from nereus.adapters.kafka.snapshots import (
+    MANIFEST_KEY,
+    SnapshotManifest,
+    SnapshotRun,
+    latest_manifest,
+    manifests_topic,
+    restore_snapshot,
+    snapshot_topics_exist,
+    snapshots_topic,
+)
 from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
@@ -57,6 +66,7 @@ from nereus.runtime.shardlog import COMMIT_BUCKETS_S, COMMIT_SECONDS, ShardLost
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import LogSource
 from nereus.storage.store import Appendable, Applied, Payload, ShardStore
+from nereus.storage.transfer import DEFAULT_CHUNK_BYTES
 
 # Records this owner wrote and folded without decoding them (`LogWriter.written`).
 FROM_MEMORY = "nereus_shard_log_folded_from_memory_total"
@@ -80,6 +90,12 @@ class KafkaLogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     init_timeout_s: float = 30.0
     commit_timeout_s: float = 10.0
     retry_backoff_ms: int = 100
+    # A snapshot of the shard's state to `<topic>.snapshots` this often once caught up (0:
+    # never), its chunks this many bytes a tick (`adapters.kafka.snapshots`). Only where the
+    # snapshot topics exist (the service creates them).
+    snapshot_interval_ms: int = 600_000
+    snapshot_bytes_per_tick: int = 1024 * 1024
+    snapshot_chunk_bytes: int = DEFAULT_CHUNK_BYTES
     client_config: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
 
     @property
@@ -121,6 +137,13 @@ class KafkaLog:
         self._folded_own_seq = 0
         self._local_replies: list[tuple[str, tuple[EntryOutcome, ...]]] = []
         self._undecodable = 0
+        self._snapshots_on = False  # the snapshot topics exist
+        self._snapshot: SnapshotRun | None = None
+        self._snapshot_offsets: list[int] = []
+        self._snapshot_manifest: SnapshotManifest | None = None  # written, not yet committed
+        self._snapshot_started = 0.0
+        self._snapshot_done_at = time.monotonic()  # the first one waits a whole interval
+        self.last_snapshot: SnapshotManifest | None = None
         self.metrics.describe(
             COMMIT_SECONDS,
             "histogram",
@@ -194,6 +217,9 @@ class KafkaLog:
                 start = OFFSET_BEGINNING
         consumer.assign([TopicPartition(c.topic, c.partition, start)])
         self._consumer = consumer
+        self._snapshots_on = c.snapshot_interval_ms > 0 and snapshot_topics_exist(
+            consumer, c.topic, c.init_timeout_s
+        )
         self._opened = True
         self.log.info(
             "shard_log_opened",
@@ -273,7 +299,7 @@ class KafkaLog:
     def pending(self) -> bool:
         if not self._buffer:
             self._fill(0)
-        if self._buffer:
+        if self._buffer or self._snapshot is not None or self._snapshot_due():
             return True
         return self._writer.pending(self._caught_up)
 
@@ -408,6 +434,7 @@ class KafkaLog:
         if not self._buffer:
             self._fill(0)
         self._writer.unwritten.extend(items)
+        sent = self._snapshot_step(now_ms)
         lost: list[ShardLost] = []
 
         def write(_results: list[Applied]) -> None:
@@ -427,11 +454,87 @@ class KafkaLog:
         if self._on_reply is not None:
             for request_id, answers in local:
                 self._on_reply(request_id, answers)
+        if sent:
+            if self._writer.extra:
+                self._snapshot_abandoned()
+            else:
+                self._snapshot_committed()
         if lost:
             raise lost[0]
         seconds = time.perf_counter() - started
         self.metrics.observe(COMMIT_SECONDS, seconds, None, COMMIT_BUCKETS_S)
         return [], results
+
+    # Snapshots ----------------------------------------------------------------------------
+
+    def _snapshot_due(self) -> bool:
+        c = self.config
+        return (
+            self._snapshots_on
+            and self._snapshot is None
+            and self._caught_up
+            and time.monotonic() - self._snapshot_done_at >= c.snapshot_interval_ms / 1000
+        )
+
+    def _snapshot_step(self, now_ms: int) -> bool:
+        """Put the running snapshot's next records into this tick's transaction (starting
+        one when due): its chunks, a bounded number of bytes a tick, then, once they are all
+        committed, its manifest. True if any were put."""
+        c = self.config
+        if self._snapshot is None:
+            if not self._snapshot_due():
+                return False
+            self._snapshot = SnapshotRun(self.store, c.topic, c.partition, c.snapshot_chunk_bytes)
+            self._snapshot_offsets = []
+            self._snapshot_started = time.monotonic()
+        run = self._snapshot
+        if not run.exhausted():
+            chunks = snapshots_topic(c.topic)
+            for key, value in run.take(c.snapshot_bytes_per_tick):
+                self._writer.extra.append((chunks, c.partition, key, value))
+            return True
+        offsets = self._snapshot_offsets
+        manifest = run.manifest(min(offsets), max(offsets), now_ms)
+        self._snapshot_manifest = manifest
+        value = msgspec.msgpack.encode(manifest)
+        self._writer.extra.append((manifests_topic(c.topic), c.partition, MANIFEST_KEY, value))
+        return True
+
+    def _snapshot_committed(self) -> None:
+        """The transaction holding this tick's snapshot records committed."""
+        manifest, self._snapshot_manifest = self._snapshot_manifest, None
+        if manifest is None:
+            self._snapshot_offsets.extend(self._writer.extra_offsets)
+            return
+        self._snapshot_done()
+        self.last_snapshot = manifest
+        self.log.info(
+            "snapshot_written",
+            partition=self.config.partition,
+            snapshot_id=manifest.snapshot_id,
+            covered_offset=manifest.covered_offset,
+            position=manifest.transfer.position,
+            chunks=manifest.transfer.chunks,
+            bytes=manifest.transfer.bytes,
+            seconds=round(time.monotonic() - self._snapshot_started, 3),
+        )
+
+    def _snapshot_abandoned(self) -> None:
+        """A transaction holding snapshot records did not commit. The snapshot is dropped,
+        not retried: whatever refused it (a record over the topic's limit, say) must never
+        hold back the shard's own records, which are written again without it. The next
+        one is tried an interval later."""
+        self._writer.extra = []
+        self.log.warning("snapshot_abandoned", partition=self.config.partition)
+        self.metrics.inc("nereus_snapshots_abandoned_total")
+        self._snapshot_done()
+
+    def _snapshot_done(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.close()
+            self._snapshot = None
+        self._snapshot_manifest = None
+        self._snapshot_done_at = time.monotonic()
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -445,6 +548,7 @@ class KafkaLog:
             except (KafkaException, RuntimeError) as exc:
                 self.log.warning("shard_log_close_failed", error=str(exc))
             self._consumer = None
+        self._snapshot_done()
         self._writer.close()
         self._opened = False
         self._buffer = []

@@ -75,6 +75,12 @@ class LogWriter:
         self.committed_seq = 0  # the last of this tenure's records a transaction committed
         self.unwritten: list[Appendable] = []
         self.replies: list[tuple[str, Reply]] = []
+        # Records of other topics for the next transaction (a snapshot's chunks or manifest):
+        # (topic, partition, key, value). Cleared when a transaction commits them; after a
+        # failed one the caller decides (KafkaLog drops the snapshot).
+        self.extra: list[tuple[str, int, bytes, bytes]] = []
+        # The offsets the last committed transaction's extra records were written at.
+        self.extra_offsets: list[int] = []
         # Offset -> envelope of the records committed transactions wrote, until folded.
         self.written: dict[int, Envelope] = {}
         self._proof_at = float("-inf")  # monotonic start of the last committed transaction
@@ -93,6 +99,9 @@ class LogWriter:
                 "acks": "all",
                 "linger.ms": 1,
                 "transaction.timeout.ms": c.transaction_timeout_ms,
+                # A snapshot chunk holding one row as large as a payload may pass 1 MB; the
+                # topic's own max.message.bytes is the limit that decides.
+                "message.max.bytes": 4 * 1024 * 1024,
                 "message.timeout.ms": c.transaction_timeout_ms,
             }
         )
@@ -121,7 +130,7 @@ class LogWriter:
         """Something to write now, even without new records (a proof of ownership)."""
         if time.monotonic() < self._retry_at:
             return False
-        return bool(self.unwritten or self.replies) or self._proof_due(caught_up)
+        return bool(self.unwritten or self.replies or self.extra) or self._proof_due(caught_up)
 
     def _proof_due(self, caught_up: bool) -> bool:
         """Time to prove again that this owner still owns the shard (a heartbeat commit:
@@ -132,7 +141,11 @@ class LogWriter:
 
     def write_due(self, caught_up: bool) -> bool:
         return time.monotonic() >= self._retry_at and bool(
-            self.unwritten or self.replies or self._proof_due(caught_up) or not self.send_allowed()
+            self.unwritten
+            or self.replies
+            or self.extra
+            or self._proof_due(caught_up)
+            or not self.send_allowed()
         )
 
     def transact(self, folded_offset: int) -> ShardLost | None:
@@ -154,6 +167,7 @@ class LogWriter:
         with_offsets = group is not None
         first_seq = self._seq
         delivered: dict[int, Envelope] = {}
+        extra_offsets: list[int] = []
         try:
             producer.begin_transaction()
             for record, payload in items:
@@ -168,7 +182,15 @@ class LogWriter:
                 )
             for reply_to, reply in replies:
                 producer.produce(c.replies_topic, value=encode_reply(reply), key=reply_to)
-            if not items and not replies and not with_offsets:
+            for topic, partition, key, value in self.extra:
+                producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    partition=partition,
+                    on_delivery=_offset_into(extra_offsets),
+                )
+            if not items and not replies and not self.extra and not with_offsets:
                 # A proof with nothing to say: an empty transaction never reaches the
                 # coordinator, so write a reply nobody waits for.
                 proof = Reply(f"proof:{self.tenure}", _PROOF_OUTCOME)
@@ -188,6 +210,9 @@ class LogWriter:
             # commit_transaction flushed every delivery report of this transaction.
             self.written.update(delivered)
         self.unwritten, self.replies = [], []
+        # Reported before the commit returned; an aborted try's reports were for records
+        # no reader will ever see, so only a committed transaction's are kept.
+        self.extra, self.extra_offsets = [], extra_offsets
         self.metrics.inc("nereus_shard_log_transactions_total", labels={"result": "committed"})
         return None
 
@@ -242,6 +267,7 @@ class LogWriter:
         if self.unwritten:
             self.log.info("shard_log_unwritten_dropped", records=len(self.unwritten))
         self.unwritten, self.replies, self.written = [], [], {}
+        self.extra, self.extra_offsets = [], []
 
 
 def _keep_at_offset(
@@ -250,5 +276,13 @@ def _keep_at_offset(
     def on_delivery(err: Any, msg: Any) -> None:
         if err is None and msg.offset() >= 0:
             delivered[msg.offset()] = envelope
+
+    return on_delivery
+
+
+def _offset_into(offsets: list[int]) -> Callable[[Any, Any], None]:
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None and msg.offset() >= 0:
+            offsets.append(msg.offset())
 
     return on_delivery

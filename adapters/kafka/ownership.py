@@ -250,6 +250,8 @@ class ShardOwnership:
                 reply_window_ms=c.reply_window_ms,
                 send_lease_ms=c.send_lease_ms,
                 proof_interval_ms=c.proof_interval_ms,
+                snapshot_interval_ms=c.snapshot_interval_ms,
+                snapshot_bytes_per_tick=c.snapshot_bytes_per_tick,
                 client_config=dict(c.client_config),
             ),
             group_metadata=self._group_metadata,

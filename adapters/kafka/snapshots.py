@@ -228,6 +228,14 @@ def latest_manifest(
         consumer.close()
 
 
+def snapshot_topics_exist(consumer: Any, topic: str, timeout_s: float) -> bool:
+    """Whether the commands topic `topic` has its snapshot chunks and manifests topics."""
+    return all(
+        _exists(consumer, name, timeout_s)
+        for name in (snapshots_topic(topic), manifests_topic(topic))
+    )
+
+
 def _exists(consumer: Any, topic: str, timeout_s: float) -> bool:
     meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if meta is None or meta.error is None:
