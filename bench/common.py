@@ -1,14 +1,21 @@
 """Helpers the benches share: progress on stderr, process memory from /proc, percentiles,
-a description of the machine, and the writing of results files."""
+a description of the machine, the writing of results files, scratch directories and the
+command line of a bench sized by live timers."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from nereus.runtime import compiled
 
@@ -140,3 +147,30 @@ def write_json(path: str | None, doc: object) -> None:
     if path:
         with open(path, "w") as out:
             json.dump(doc, out, indent=1)
+
+
+@contextmanager
+def scratch(prefix: str) -> Iterator[str]:
+    """A scratch directory for one run (under $NEREUS_BENCH_DIR if set), removed after."""
+    root = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("NEREUS_BENCH_DIR"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def live_timers_main(
+    doc: str | None,
+    run: Callable[[int], dict[str, Any]],
+    line: Callable[[dict[str, Any]], str],
+    argv: list[str] | None,
+) -> int:
+    """The command line of a bench sized by `--live` timers: run, print `line`, `--json`."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--live", type=int, default=1_000_000)
+    parser.add_argument("--json", help="write results to this file")
+    args = parser.parse_args(argv)
+    result = run(args.live)
+    print(line(result))
+    write_json(args.json, result)
+    return 0

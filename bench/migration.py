@@ -11,17 +11,14 @@ cost the same before and after an upgrade, so what differs is the migration.
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
 import msgspec
 
-from bench.common import say, write_json
+from bench.common import live_timers_main, say, scratch
 from bench.preload import lmdb_store
 from nereus.storage.codec import decode_value, frame
 from nereus.storage.schema import HEADER_KEY, StoreOptions
@@ -54,8 +51,7 @@ def _open_s(path: str) -> float:
 
 
 def run(live: int) -> dict[str, Any]:
-    root = tempfile.mkdtemp(prefix="nereus-migration-", dir=os.environ.get("NEREUS_BENCH_DIR"))
-    try:
+    with scratch("nereus-migration-") as root:
         path = os.path.join(root, "shard")
         say(f"migration: preloading {live:,} live timers")
         lmdb_store(path, live)
@@ -70,23 +66,19 @@ def run(live: int) -> dict[str, Any]:
             "plain_open_s": round(plain_s, 3),
             "rows_per_s": round(rows / max(migrate_s - plain_s, 1e-9)),
         }
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--live", type=int, default=1_000_000)
-    parser.add_argument("--json", help="write results to this file")
-    args = parser.parse_args(argv)
-    result = run(args.live)
-    print(
-        f"migrating open of {result['live_timers']:,} live timers ({result['table_rows']:,} "
-        f"rows): {result['migrating_open_s']} s, then a plain open {result['plain_open_s']} s "
-        f"({result['rows_per_s']:,} rows/s)"
+    return live_timers_main(
+        __doc__,
+        run,
+        lambda r: (
+            f"migrating open of {r['live_timers']:,} live timers ({r['table_rows']:,} rows): "
+            f"{r['migrating_open_s']} s, then a plain open {r['plain_open_s']} s "
+            f"({r['rows_per_s']:,} rows/s)"
+        ),
+        argv,
     )
-    write_json(args.json, result)
-    return 0
 
 
 if __name__ == "__main__":

@@ -11,15 +11,12 @@ digest. What a new owner pays without a snapshot, folding the log from the start
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
-from bench.common import say, write_json
+from bench.common import live_timers_main, say, scratch
 from bench.preload import lmdb_store
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
@@ -29,8 +26,7 @@ _OPTIONS = StoreOptions(check_invariants_on_open=False, check_structure_on_open=
 
 
 def run(live: int) -> dict[str, Any]:
-    root = tempfile.mkdtemp(prefix="nereus-transfer-", dir=os.environ.get("NEREUS_BENCH_DIR"))
-    try:
+    with scratch("nereus-transfer-") as root:
         source_path = os.path.join(root, "source")
         say(f"transfer: preloading {live:,} live timers")
         lmdb_store(source_path, live)
@@ -67,23 +63,19 @@ def run(live: int) -> dict[str, Any]:
             "total_s": round(took_s, 2),
             "rows_per_s": round(manifest.rows / took_s),
         }
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--live", type=int, default=1_000_000)
-    parser.add_argument("--json", help="write results to this file")
-    args = parser.parse_args(argv)
-    r = run(args.live)
-    print(
-        f"{r['live_timers']:,} live timers: {r['rows']:,} rows in {r['chunks']:,} chunks "
-        f"({r['megabytes']} MB): export {r['export_s']} s, import {r['import_s']} s, "
-        f"{r['rows_per_s']:,} rows/s"
+    return live_timers_main(
+        __doc__,
+        run,
+        lambda r: (
+            f"{r['live_timers']:,} live timers: {r['rows']:,} rows in {r['chunks']:,} chunks "
+            f"({r['megabytes']} MB): export {r['export_s']} s, import {r['import_s']} s, "
+            f"{r['rows_per_s']:,} rows/s"
+        ),
+        argv,
     )
-    write_json(args.json, r)
-    return 0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, TopicPartition
 
+from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.wire import Envelope, decode_envelope, shard_for
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.digest import state_digest
@@ -65,6 +66,22 @@ class Topics:
     def unique(cls, destination: str) -> Topics:
         tag = uuid.uuid4().hex[:10]
         return cls(f"cmd-{tag}", f"rep-{tag}", f"grp-{tag}", destination)
+
+
+def service_config(
+    bootstrap: str, topics: Topics, data: Path, *, shards: int = 1, **changes: Any
+) -> KafkaServiceConfig:
+    """An in-process service's configuration on `topics`, with `changes` to its defaults."""
+    return KafkaServiceConfig(
+        bootstrap=bootstrap,
+        data_dir=str(data),
+        commands_topic=topics.commands,
+        replies_topic=topics.replies,
+        group=topics.group,
+        shards=shards,
+        destination_topics={topics.queue: topics.destination},
+        **changes,
+    )
 
 
 class ServiceProc:

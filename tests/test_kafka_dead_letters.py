@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
+from nereus.adapters.kafka.service import KafkaService
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.digest import state_digest
@@ -37,7 +37,7 @@ from nereus.runtime.destination import (
 from nereus.storage.memory import MemoryStore
 from nereus.storage.store import ShardStore
 from tests import kafka_env
-from tests.kafka_cluster import TENANT, Topics, read_shard_log, wait_until
+from tests.kafka_cluster import TENANT, Topics, read_shard_log, service_config, wait_until
 from tests.kafka_env import create_topic, unique_topic
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
@@ -48,16 +48,7 @@ RUNTIME = RuntimeConfig(dead_letter_backoff_base_ms=100, dead_letter_backoff_max
 
 def _service(bootstrap: str, topics: Topics, data: Path) -> KafkaService:
     return KafkaService(
-        KafkaServiceConfig(
-            bootstrap=bootstrap,
-            data_dir=str(data),
-            commands_topic=topics.commands,
-            replies_topic=topics.replies,
-            group=topics.group,
-            shards=1,
-            destination_topics={topics.queue: topics.destination},
-            session_timeout_ms=6_000,
-        ),
+        service_config(bootstrap, topics, data, session_timeout_ms=6_000),
         clock=SystemClock(assumed_error_ms=2),
         kernel_config=KERNEL,
         runtime_config=RUNTIME,

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
+from nereus.adapters.kafka.service import KafkaService
 from nereus.adapters.kafka.snapshots import (
     latest_manifest,
     manifests_topic,
@@ -36,7 +36,7 @@ from nereus.storage.errors import StoreError
 from nereus.storage.schema import LOG_SOURCE_KEY, LogSource, StoreOptions
 from nereus.storage.store import ShardStore
 from tests import kafka_env
-from tests.kafka_cluster import Topics, wait_until
+from tests.kafka_cluster import Topics, service_config, wait_until
 from tests.kafka_env import create_topic, unique_topic
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
@@ -165,18 +165,15 @@ def test_a_snapshot_whose_chunks_were_deleted_is_refused_with_the_offsets(
 def _service(
     bootstrap: str, data: Path, topics: Topics, snapshot_interval_ms: int = 0
 ) -> KafkaService:
+    config = service_config(
+        bootstrap,
+        topics,
+        data,
+        snapshot_interval_ms=snapshot_interval_ms,
+        snapshot_bytes_per_tick=16 * 1024,
+    )
     return KafkaService(
-        KafkaServiceConfig(
-            bootstrap=bootstrap,
-            data_dir=str(data),
-            commands_topic=topics.commands,
-            replies_topic=topics.replies,
-            group=topics.group,
-            shards=1,
-            destination_topics={topics.queue: topics.destination},
-            snapshot_interval_ms=snapshot_interval_ms,
-            snapshot_bytes_per_tick=16 * 1024,
-        ),
+        config,
         clock=SystemClock(assumed_error_ms=2),
     )
 
@@ -187,6 +184,21 @@ def _schedule(service: KafkaService, topics: Topics, keys: list[str], delay_ms: 
         for key in keys
     ]
     assert [o.code for o in service.execute(items, 30)] == ["scheduled"] * len(keys)
+
+
+def _restored(bootstrap: str, data: Path, topics: Topics, position: int) -> KafkaService:
+    """A new owner started on an empty data directory, its shard restored from the snapshot
+    at `position` and active."""
+    service = _service(bootstrap, data, topics)
+    try:
+        service.start()
+        wait_until(lambda: service.shard_states() == {0: "active"}, 60, "the shard active")
+        restored = service.owned_store(0)
+        assert restored is not None and restored.log_info.snapshot_position == position
+    except BaseException:
+        service.close()
+        raise
+    return service
 
 
 def _messages(path: Path) -> dict[bytes, object]:
@@ -221,12 +233,8 @@ def test_a_new_owner_restores_the_snapshot_and_folds_only_the_tail(
         manifest = publish_snapshot(store, producer, topics.commands, 0, chunk_bytes=8192)
     assert manifest.covered_offset >= 0
     _delete_commands_before(kafka_bootstrap, topics.commands, manifest.covered_offset + 1)
-    b = _service(kafka_bootstrap, tmp_path / "b", topics)
+    b = _restored(kafka_bootstrap, tmp_path / "b", topics, manifest.transfer.position)
     try:
-        b.start()
-        wait_until(lambda: b.shard_states() == {0: "active"}, 60, "B's shard active")
-        restored = b.owned_store(0)
-        assert restored is not None and restored.log_info.snapshot_position > 0
         for key in old[:5]:
             peek = b.peek(topics.queue, key)
             assert peek.status == "SCHEDULED" and peek.payload is not None
@@ -304,13 +312,8 @@ def test_the_owner_writes_snapshots_while_it_works_and_a_new_owner_takes_the_new
     assert manifest is not None
     a_messages = _messages(tmp_path / "a" / "shard-0")
     _delete_commands_before(kafka_bootstrap, topics.commands, manifest.covered_offset + 1)
-    b = _service(kafka_bootstrap, tmp_path / "b", topics)
+    b = _restored(kafka_bootstrap, tmp_path / "b", topics, manifest.transfer.position)
     try:
-        b.start()
-        wait_until(lambda: b.shard_states() == {0: "active"}, 60, "B's shard active")
-        restored = b.owned_store(0)
-        assert restored is not None
-        assert restored.log_info.snapshot_position == manifest.transfer.position
         for key in keys[30:35]:
             assert b.peek(topics.queue, key).status == "SCHEDULED"
         _schedule(b, topics, ["late"], 100)

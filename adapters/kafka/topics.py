@@ -47,14 +47,7 @@ def ensure_topics(c: KafkaServiceConfig, max_message_bytes: int, log: Logger) ->
         c.replication_factor,
         config={"retention.ms": str(c.replies_retention_ms)},
     )
-    futures = admin.create_topics([commands, replies], operation_timeout=c.admin_timeout_s)
-    for name, future in futures.items():
-        try:
-            future.result(timeout=c.admin_timeout_s)
-            log.info("topic_created", topic=name, partitions=wanted)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    _create(admin, [commands, replies], c.admin_timeout_s, log)
     partitions = wait_for_leaders(admin, c.commands_topic, c.admin_timeout_s)
     wait_for_leaders(admin, c.replies_topic, c.admin_timeout_s)
     if c.shards is not None and partitions != c.shards:
@@ -98,14 +91,7 @@ def _ensure_snapshot_topics(
         c.replication_factor,
         config={"cleanup.policy": "compact"},
     )
-    futures = admin.create_topics([chunks, manifests], operation_timeout=c.admin_timeout_s)
-    for name, future in futures.items():
-        try:
-            future.result(timeout=c.admin_timeout_s)
-            log.info("topic_created", topic=name, partitions=partitions)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    _create(admin, [chunks, manifests], c.admin_timeout_s, log)
     for name in (chunks.topic, manifests.topic):
         found = wait_for_leaders(admin, name, c.admin_timeout_s)
         if found != partitions:
@@ -113,6 +99,19 @@ def _ensure_snapshot_topics(
                 f"{name} has {found} partitions, not {partitions} as {c.commands_topic}: "
                 "partition p of it must be shard p's"
             )
+
+
+def _create(admin: Any, topics: list[NewTopic], timeout_s: float, log: Logger) -> None:
+    """Create the topics that do not exist yet (an existing one is left as it is)."""
+    futures = admin.create_topics(topics, operation_timeout=timeout_s)
+    partitions = {t.topic: t.num_partitions for t in topics}
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+            log.info("topic_created", topic=name, partitions=partitions[name])
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
 
 def wait_for_leaders(admin: Any, topic: str, timeout_s: float) -> int:
