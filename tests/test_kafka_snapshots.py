@@ -14,30 +14,39 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from nereus.adapters.clock import SystemClock
+from nereus.adapters.kafka.config import KafkaServiceConfig
+from nereus.adapters.kafka.log import KafkaLog, KafkaLogConfig
 from nereus.adapters.kafka.service import KafkaService
 from nereus.adapters.kafka.snapshots import (
+    SnapshotManifest,
     latest_manifest,
     manifests_topic,
     publish_snapshot,
     restore_snapshot,
     snapshots_topic,
 )
+from nereus.adapters.kafka.topics import check_retention
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.digest import state_digest
-from nereus.kernel.model import Table
+from nereus.kernel.model import Obligation, Table
 from nereus.storage.codec import encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import LOG_SOURCE_KEY, LogSource, StoreOptions
 from nereus.storage.store import ShardStore
+from nereus.storage.transfer import TransferManifest, export_state
 from tests import kafka_env
+from tests.builders import T0_MS, schedule
 from tests.kafka_cluster import Topics, service_config, wait_until
 from tests.kafka_env import create_topic, unique_topic
+from tests.test_storage_store import admission_for
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
 
@@ -324,3 +333,132 @@ def test_the_owner_writes_snapshots_while_it_works_and_a_new_owner_takes_the_new
     late = {k for k in b_messages if k not in a_messages}
     assert len(late) == 1
     assert {k: v for k, v in b_messages.items() if k not in late} == a_messages
+
+
+def test_snapshots_trim_what_no_restore_needs(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """With snapshots every 300 ms, once three are complete after the last command the
+    owner has deleted the commands the older of the newest two covers, and the chunks of
+    the snapshots before it; the newest still restores a new owner; the metrics show it."""
+    topics = Topics.unique(create_topic(kafka_bootstrap, unique_topic("dest")))
+    a = _service(kafka_bootstrap, tmp_path / "a", topics, snapshot_interval_ms=300)
+    settings = {"bootstrap.servers": kafka_bootstrap}
+    probe = Consumer({**settings, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        a.start()
+        wait_until(lambda: a.shard_states() == {0: "active"}, 30, "A's shard active")
+        _schedule(a, topics, [f"k{i}" for i in range(20)], 3_600_000)
+
+        def trimmed() -> bool:
+            low, _ = probe.get_watermark_offsets(TopicPartition(topics.commands, 0), timeout=5)
+            chunks_low, _ = probe.get_watermark_offsets(
+                TopicPartition(snapshots_topic(topics.commands), 0), timeout=5
+            )
+            return low > 0 and chunks_low > 0
+
+        wait_until(trimmed, 30, "the commands and the old chunks trimmed")
+        rendered = a.metrics.render()
+        for name in (
+            "nereus_snapshot_last_completed_seconds",
+            "nereus_snapshot_bytes",
+            "nereus_commands_trimmed_below_offset",
+            "nereus_shard_log_lag_offsets",
+        ):
+            assert f"\n{name}{{" in rendered, name
+    finally:
+        a.close()
+        probe.close()
+    manifest = latest_manifest(settings, topics.commands, 0)
+    assert manifest is not None
+    b = _restored(kafka_bootstrap, tmp_path / "b", topics, manifest.transfer.position)
+    try:
+        assert b.peek(topics.queue, "k7").status == "SCHEDULED"
+    finally:
+        b.close()
+
+
+class _Admin:
+    """Records the deletions asked of it (the floor rule is decided before any broker)."""
+
+    def __init__(self) -> None:
+        self.cuts: list[TopicPartition] = []
+
+    def delete_records(self, cuts: list[TopicPartition]) -> dict[TopicPartition, Any]:
+        self.cuts.extend(cuts)
+        return {}
+
+
+def test_the_commands_an_open_obligations_admission_needs_are_never_trimmed(
+    topic: str, tmp_path: Path
+) -> None:
+    """A shard with an open obligation (an Admitted attempt, PUBLISHING). A snapshot at or
+    after its Admission may not let the commands before it go (only older snapshot chunks);
+    one from before it may."""
+    with ShardStore.open(str(tmp_path / "store")) as store:
+        store.commit([(schedule("a", delay_ms=0), b"payload")], T0_MS)
+        store.commit([(admission_for(store, "a", T0_MS + 10), None)], T0_MS + 10)
+        with store.read() as view:
+            (obligation,) = [o for _, o in view.items(Table.OBLIGATIONS)]
+        assert isinstance(obligation, Obligation)
+        admitted = obligation.admitted_position
+        log = KafkaLog(store, KafkaLogConfig("unused:9092", topic, 1, "replies", "p"))
+        for position, kept in ((admitted, True), (admitted - 1, False)):
+            admin = _Admin()
+            log._admin = admin
+            transfer = msgspec.structs.replace(_transfer(store), position=position)
+            log._trim(SnapshotManifest("s", topic, 1, 900, 40, 60, 0, transfer))
+            assert TopicPartition(snapshots_topic(topic), 1, 40) in admin.cuts
+            assert (TopicPartition(topic, 1, 901) in admin.cuts) is not kept
+
+
+def _transfer(store: ShardStore) -> TransferManifest:
+    with export_state(store) as export:
+        for _ in export.chunks():
+            pass
+        return export.manifest()
+
+
+# The rule for a commands topic's own retention ------------------------------------------------
+
+
+class _Entry:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+@pytest.mark.parametrize(
+    ("retention_ms", "retention_bytes", "interval_ms", "problem"),
+    [
+        ("-1", "-1", 600_000, None),
+        ("1800000", "-1", 600_000, None),
+        ("1799999", "-1", 600_000, r"retention\.ms=1799999, below 3 snapshot intervals"),
+        ("86400000", "-1", 0, "but snapshots are off"),
+        ("-1", "1073741824", 600_000, r"retention\.bytes=1073741824: deleting commands by size"),
+    ],
+)
+def test_a_commands_topic_retention_below_the_rule_is_refused(
+    retention_ms: str, retention_bytes: str, interval_ms: int, problem: str | None
+) -> None:
+    config = KafkaServiceConfig("b:9092", "/d", snapshot_interval_ms=interval_ms)
+    entries = {"retention.ms": _Entry(retention_ms), "retention.bytes": _Entry(retention_bytes)}
+    if problem is None:
+        check_retention(config, entries)
+    else:
+        with pytest.raises(ValueError, match=problem):
+            check_retention(config, entries)
+
+
+def test_the_service_refuses_a_commands_topic_whose_retention_is_too_short(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topics = Topics.unique(create_topic(kafka_bootstrap, unique_topic("dest")))
+    create_topic(
+        kafka_bootstrap,
+        topics.commands,
+        config={"message.timestamp.type": "LogAppendTime", "retention.ms": "60000"},
+    )
+    service = _service(kafka_bootstrap, tmp_path / "a", topics, snapshot_interval_ms=600_000)
+    try:
+        with pytest.raises(ValueError, match=r"retention\.ms=60000, below 3 snapshot intervals"):
+            service.start()
+    finally:
+        service.close()

@@ -39,6 +39,8 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
 
 from nereus.adapters.kafka.log_writer import LogWriter
 from nereus.adapters.kafka.snapshots import (
@@ -59,6 +61,7 @@ from nereus.adapters.kafka.wire import (
     watermarks,
 )
 from nereus.kernel.effects import EntryOutcome, outcomes_of
+from nereus.kernel.model import Obligation, Table
 from nereus.kernel.records import LogEntry
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
@@ -70,6 +73,13 @@ from nereus.storage.transfer import DEFAULT_CHUNK_BYTES
 
 # Records this owner wrote and folded without decoding them (`LogWriter.written`).
 FROM_MEMORY = "nereus_shard_log_folded_from_memory_total"
+SNAPSHOT_WRITTEN_AT = "nereus_snapshot_last_completed_seconds"
+SNAPSHOT_BYTES = "nereus_snapshot_bytes"
+SNAPSHOT_ROWS = "nereus_snapshot_rows"
+RESTORE_SECONDS = "nereus_snapshot_restore_seconds"
+RESTORE_BYTES = "nereus_snapshot_restore_bytes"
+TRIMMED_OFFSET = "nereus_commands_trimmed_below_offset"
+LAG_OFFSETS = "nereus_shard_log_lag_offsets"
 
 
 class KafkaLogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -96,6 +106,10 @@ class KafkaLogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     snapshot_interval_ms: int = 600_000
     snapshot_bytes_per_tick: int = 1024 * 1024
     snapshot_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    # After each snapshot, delete what no restore can need: the chunks of snapshots older
+    # than the newest two, and the commands before the older of those two (never an open
+    # obligation's Admission). False: the topics keep everything.
+    trim_after_snapshots: bool = True
     client_config: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
 
     @property
@@ -138,12 +152,34 @@ class KafkaLog:
         self._local_replies: list[tuple[str, tuple[EntryOutcome, ...]]] = []
         self._undecodable = 0
         self._snapshots_on = False  # the snapshot topics exist
+        self._common: dict[str, Any] = {}
         self._snapshot: SnapshotRun | None = None
         self._snapshot_offsets: list[int] = []
         self._snapshot_manifest: SnapshotManifest | None = None  # written, not yet committed
         self._snapshot_started = 0.0
         self._snapshot_done_at = time.monotonic()  # the first one waits a whole interval
         self.last_snapshot: SnapshotManifest | None = None
+        self._admin: Any = None
+        self.metrics.describe(
+            SNAPSHOT_WRITTEN_AT, "gauge", "When the shard's last snapshot was completed (Unix s)."
+        )
+        self.metrics.describe(SNAPSHOT_BYTES, "gauge", "Bytes of the shard's last snapshot.")
+        self.metrics.describe(SNAPSHOT_ROWS, "gauge", "Rows of the shard's last snapshot.")
+        self.metrics.describe(
+            RESTORE_SECONDS, "gauge", "How long the restore of the shard from a snapshot took."
+        )
+        self.metrics.describe(RESTORE_BYTES, "gauge", "Bytes of the snapshot the shard restored.")
+        self.metrics.describe(
+            LAG_OFFSETS,
+            "gauge",
+            "Offsets of the shard's partition not yet folded (high watermark of the last fetch "
+            "minus the next offset to fold; transaction markers count).",
+        )
+        self.metrics.describe(
+            TRIMMED_OFFSET,
+            "gauge",
+            "The offset below which this owner last deleted records of the shard's partition.",
+        )
         self.metrics.describe(
             COMMIT_SECONDS,
             "histogram",
@@ -220,6 +256,16 @@ class KafkaLog:
         self._snapshots_on = c.snapshot_interval_ms > 0 and snapshot_topics_exist(
             consumer, c.topic, c.init_timeout_s
         )
+        try:
+            self._check_obligation_ages(common)
+        except BaseException:
+            consumer.close()
+            raise
+        if self._snapshots_on and self.last_snapshot is None:
+            # The newest complete snapshot already there is the older of the two the next
+            # snapshot keeps.
+            self.last_snapshot = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
+        self._common = common
         self._opened = True
         self.log.info(
             "shard_log_opened",
@@ -230,6 +276,36 @@ class KafkaLog:
             applied_position=self.store.meta.position,
             tenure=self.tenure,
         )
+
+    def _check_obligation_ages(self, common: dict[str, Any]) -> None:
+        """Where the commands topic has a time retention of its own, refuse a shard whose
+        oldest open obligation is older than it: that obligation's Admission, the evidence
+        of an attempt that may be at the destination, is deleted or about to be."""
+        c = self.config
+        admin = AdminClient(dict(common))
+        resource = ConfigResource(ConfigResource.Type.TOPIC, c.topic)
+        entries = admin.describe_configs([resource])[resource].result(timeout=c.init_timeout_s)
+        retention = entries.get("retention.ms")
+        retention_ms = -1 if retention is None else int(retention.value)
+        if retention_ms < 0:
+            return
+        with self.store.read() as view:
+            admitted = [
+                o.admitted_at_ms
+                for _, o in view.items(Table.OBLIGATIONS)
+                if isinstance(o, Obligation)
+            ]
+        if not admitted:
+            return
+        age_ms = int(time.time() * 1000) - min(admitted)
+        if age_ms >= retention_ms:
+            raise StoreError(
+                self.store.path,
+                f"an open obligation was admitted {age_ms} ms ago, and {c.topic} keeps records "
+                f"for retention.ms={retention_ms}: its Admission (the evidence of an attempt "
+                "that may be at the destination) is no longer certain to be readable; raise "
+                "the topic's retention.ms above that age (or -1) and settle the obligation",
+            )
 
     def _restore_snapshot(self, common: dict[str, Any], low: int) -> int | None:
         """A fresh store takes the shard's newest snapshot, if there is one: returns the
@@ -260,6 +336,9 @@ class KafkaLog:
                 error=str(exc),
             )
             return None
+        self.last_snapshot = manifest
+        self.metrics.set(RESTORE_SECONDS, round(time.monotonic() - started, 3))
+        self.metrics.set(RESTORE_BYTES, manifest.transfer.bytes)
         self.log.info(
             "snapshot_restored",
             partition=c.partition,
@@ -409,7 +488,21 @@ class KafkaLog:
         )
         self._folded_offset = last_offset
         self._writer.forget_written(last_offset)
+        self._measure_lag()
         return results
+
+    def _measure_lag(self) -> None:
+        """Offsets of the partition not yet folded, from the high watermark the consumer's
+        last fetch brought (no round trip)."""
+        c = self.config
+        try:
+            _low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(c.topic, c.partition), cached=True
+            )
+        except KafkaException:
+            return
+        if high >= 0:
+            self.metrics.set(LAG_OFFSETS, max(high - self._folded_offset - 1, 0))
 
     def _own_folded(self, request_id: str) -> None:
         tenure, _, seq = request_id.partition(":")
@@ -507,7 +600,10 @@ class KafkaLog:
             self._snapshot_offsets.extend(self._writer.extra_offsets)
             return
         self._snapshot_done()
-        self.last_snapshot = manifest
+        previous, self.last_snapshot = self.last_snapshot, manifest
+        self.metrics.set(SNAPSHOT_WRITTEN_AT, manifest.written_at_ms / 1000)
+        self.metrics.set(SNAPSHOT_BYTES, manifest.transfer.bytes)
+        self.metrics.set(SNAPSHOT_ROWS, manifest.transfer.rows)
         self.log.info(
             "snapshot_written",
             partition=self.config.partition,
@@ -518,6 +614,57 @@ class KafkaLog:
             bytes=manifest.transfer.bytes,
             seconds=round(time.monotonic() - self._snapshot_started, 3),
         )
+        if previous is not None and self.config.trim_after_snapshots:
+            self._trim(previous)
+
+    def _trim(self, previous: SnapshotManifest) -> None:
+        """Delete the records no restore can need once a newer snapshot than `previous` is
+        complete: the chunks before `previous`'s, and the commands up to the offset it
+        covers, unless an open obligation was admitted at or before its position (the
+        Recovery Floor: the Admission is the evidence of an attempt that may be at the
+        destination). Asynchronous: the outcome is logged."""
+        c = self.config
+        cuts = [TopicPartition(snapshots_topic(c.topic), c.partition, previous.first_chunk_offset)]
+        floor = self._oldest_open_admission()
+        if floor is None or floor > previous.transfer.position:
+            cuts.append(TopicPartition(c.topic, c.partition, previous.covered_offset + 1))
+        else:
+            self.log.info(
+                "commands_trim_held",
+                partition=c.partition,
+                admission_position=floor,
+                snapshot_position=previous.transfer.position,
+            )
+        if self._admin is None:
+            self._admin = AdminClient(dict(self._common))
+        for tp, future in self._admin.delete_records(cuts).items():
+            future.add_done_callback(self._trimmed_callback(tp))
+
+    def _trimmed_callback(self, tp: TopicPartition) -> Callable[[Any], None]:
+        def done(future: Any) -> None:
+            error = future.exception()
+            if error is not None:
+                self.log.warning(
+                    "records_trim_failed", topic=tp.topic, partition=tp.partition, error=str(error)
+                )
+                return
+            self.log.info(
+                "records_trimmed", topic=tp.topic, partition=tp.partition, below=tp.offset
+            )
+            if tp.topic == self.config.topic:
+                self.metrics.set(TRIMMED_OFFSET, tp.offset)
+
+        return done
+
+    def _oldest_open_admission(self) -> int | None:
+        """The position of the oldest open obligation's Admission, or None."""
+        with self.store.read() as view:
+            positions = [
+                o.admitted_position
+                for _, o in view.items(Table.OBLIGATIONS)
+                if isinstance(o, Obligation)
+            ]
+        return min(positions, default=None)
 
     def _snapshot_abandoned(self) -> None:
         """A transaction holding snapshot records did not commit. The snapshot is dropped,

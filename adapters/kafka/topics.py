@@ -23,6 +23,11 @@ from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.snapshots import manifests_topic, snapshots_topic
 from nereus.runtime.log import Logger
 
+# A commands topic's own retention must span this many snapshot intervals (see
+# check_retention): the interval to the next snapshot, the one the restore may need before
+# it, and one for a snapshot that took long or failed.
+RETENTION_SNAPSHOTS = 3
+
 
 def ensure_topics(c: KafkaServiceConfig, max_message_bytes: int, log: Logger) -> int:
     """Create the commands and replies topics if absent; check the commands topic. Returns
@@ -66,7 +71,41 @@ def ensure_topics(c: KafkaServiceConfig, max_message_bytes: int, log: Logger) ->
             f"{ts_type.value if ts_type is not None else '?'}: the shard log's persistence "
             "time must be the broker's (LogAppendTime)"
         )
+    check_retention(c, entries)
     return partitions
+
+
+def check_retention(c: KafkaServiceConfig, entries: dict[str, Any]) -> None:
+    """The rule for a commands topic with a retention of its own (`retention.ms` not -1):
+    snapshots on, and the retention at least `RETENTION_SNAPSHOTS` snapshot intervals, so
+    the commands after the older of the two newest snapshots are always still there. (The
+    owners trim the topic themselves after each snapshot; a retention is a second bound.)
+    Size retention cannot be reasoned about in time and is refused. Each shard's open also
+    checks that no open obligation is older than the retention (`KafkaLog`)."""
+    topic = c.commands_topic
+    size = entries.get("retention.bytes")
+    if size is not None and int(size.value) >= 0:
+        raise ValueError(
+            f"{topic} has retention.bytes={size.value}: deleting commands by size could delete "
+            "ones no snapshot covers yet; set retention.bytes=-1 (the owners trim the topic "
+            "after each snapshot)"
+        )
+    retention = entries.get("retention.ms")
+    retention_ms = -1 if retention is None else int(retention.value)
+    if retention_ms < 0:
+        return
+    if c.snapshot_interval_ms <= 0:
+        raise ValueError(
+            f"{topic} has retention.ms={retention_ms} but snapshots are off "
+            "(--snapshot-interval-ms 0): commands deleted by retention could never be replaced"
+        )
+    least = RETENTION_SNAPSHOTS * c.snapshot_interval_ms
+    if retention_ms < least:
+        raise ValueError(
+            f"{topic} has retention.ms={retention_ms}, below {RETENTION_SNAPSHOTS} snapshot "
+            f"intervals ({least} ms): a new owner could find the commands after the newest "
+            "complete snapshot already deleted"
+        )
 
 
 def _ensure_snapshot_topics(
