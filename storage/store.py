@@ -255,6 +255,28 @@ class ShardStore:
                 f"{name}, key {key.hex()}",
             )
 
+    def discard_state(self) -> None:
+        """Empty the store but for its header and its claim rows (whose sequence must never
+        repeat), in one write transaction: for a store that can no longer follow its log
+        (Kafka mode, a store behind the partition's start), about to be replaced by a
+        snapshot. Everything removed is derived from the log."""
+        env = self._env
+        with lmdb_refusal(env.data_file), env.env.begin(write=True) as txn:
+            for db in (
+                *env.tables.values(),
+                env.log,
+                env.payload_bytes,
+                env.lane_timeline,
+                env.timer_index,
+            ):
+                txn.drop(db, delete=False)
+            txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
+            txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)
+            txn.delete(LOG_SOURCE_KEY, db=env.meta)
+        self.source = None
+        self.log_last_persisted_at_ms = 0
+        self._load_positions()
+
     def reload_positions(self) -> None:
         """Read the shard meta, the log info and the log source again, after something other
         than a commit wrote them (a state import)."""

@@ -462,3 +462,48 @@ def test_the_service_refuses_a_commands_topic_whose_retention_is_too_short(
             service.start()
     finally:
         service.close()
+
+
+def test_a_store_left_behind_the_trimmed_start_is_replaced_by_the_newest_snapshot(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Owner A folds ten schedules and stops, keeping its store. Owner B takes over, takes
+    more commands, writes snapshots and trims the commands A never folded. A, restarted on
+    its old store, cannot fold from where it stopped: it replaces its store by B's newest
+    snapshot and goes on from there, with B's timers."""
+    topics = Topics.unique(create_topic(kafka_bootstrap, unique_topic("dest")))
+    a = _service(kafka_bootstrap, tmp_path / "a", topics)
+    try:
+        a.start()
+        wait_until(lambda: a.shard_states() == {0: "active"}, 30, "A's shard active")
+        _schedule(a, topics, [f"a{i}" for i in range(10)], 3_600_000)
+        store = a.owned_store(0)
+        assert store is not None and store.source is not None
+        a_folded = store.source.last_offset
+    finally:
+        a.close()
+    b = _service(kafka_bootstrap, tmp_path / "b", topics, snapshot_interval_ms=300)
+    probe = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex})
+    try:
+        b.start()
+        wait_until(lambda: b.shard_states() == {0: "active"}, 30, "B's shard active")
+        _schedule(b, topics, [f"b{i}" for i in range(10)], 3_600_000)
+
+        def trimmed_past_a() -> bool:
+            low, _ = probe.get_watermark_offsets(TopicPartition(topics.commands, 0), timeout=5)
+            return low > a_folded + 1
+
+        wait_until(trimmed_past_a, 30, "the commands A never folded trimmed")
+    finally:
+        b.close()
+        probe.close()
+    again = _service(kafka_bootstrap, tmp_path / "a", topics)
+    try:
+        again.start()
+        wait_until(lambda: again.shard_states() == {0: "active"}, 60, "A's shard active again")
+        assert again.peek(topics.queue, "b3").status == "SCHEDULED"
+        assert again.peek(topics.queue, "a3").status == "SCHEDULED"
+        store = again.owned_store(0)
+        assert store is not None and store.log_info.snapshot_position > 0
+    finally:
+        again.close()

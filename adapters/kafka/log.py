@@ -251,6 +251,12 @@ class KafkaLog:
                 )
             else:
                 start = OFFSET_BEGINNING
+        else:
+            try:
+                start = self._bridge(common, consumer, start)
+            except BaseException:
+                consumer.close()
+                raise
         consumer.assign([TopicPartition(c.topic, c.partition, start)])
         self._consumer = consumer
         self._snapshots_on = c.snapshot_interval_ms > 0 and snapshot_topics_exist(
@@ -276,6 +282,45 @@ class KafkaLog:
             applied_position=self.store.meta.position,
             tenure=self.tenure,
         )
+
+    def _bridge(self, common: dict[str, Any], consumer: Any, start: int) -> int:
+        """The offset to resume at for a store that folded up to `start - 1`. Where the
+        partition now starts after it (the records it had not folded were deleted behind a
+        snapshot), the store is replaced by the newest snapshot, which must cover the gap;
+        else the shard is refused, naming the offsets."""
+        c = self.config
+        low, _high = watermarks(consumer, TopicPartition(c.topic, c.partition), c.init_timeout_s)
+        if start >= low:
+            return start
+        manifest = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
+        if manifest is None or manifest.covered_offset < low - 1:
+            newest = (
+                "no snapshot"
+                if manifest is None
+                else (f"the newest snapshot covers offsets up to {manifest.covered_offset}")
+            )
+            raise StoreError(
+                self.store.path,
+                f"this store folded {c.topic}[{c.partition}] up to offset {start - 1}, but the "
+                f"partition now starts at offset {low}, and {newest}: the records between "
+                "cannot be folded",
+            )
+        self.log.warning(
+            "store_replaced_by_snapshot",
+            partition=c.partition,
+            folded_offset=start - 1,
+            partition_start=low,
+            snapshot_id=manifest.snapshot_id,
+            covered_offset=manifest.covered_offset,
+        )
+        self.store.discard_state()
+        restored = self._restore_snapshot(common, low)
+        if restored is None:
+            raise StoreError(
+                self.store.path, f"the snapshot {manifest.snapshot_id} could not be restored"
+            )
+        self._folded_offset = restored
+        return restored + 1
 
     def _check_obligation_ages(self, common: dict[str, Any]) -> None:
         """Where the commands topic has a time retention of its own, refuse a shard whose
