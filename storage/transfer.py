@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import msgspec
 
+from nereus.kernel.config import KernelConfig
 from nereus.kernel.model import TABLES, ShardMeta
 from nereus.storage.codec import decode_struct, encode_value
 from nereus.storage.errors import StoreError
@@ -60,6 +61,8 @@ class TransferManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema_version: int
     shard_id: str
     config_fingerprint: str
+    # The kernel configuration itself, so an auditor can fold on from the state unaided.
+    config: KernelConfig
     position: int
     meta: ShardMeta
     source: LogSource | None
@@ -164,6 +167,7 @@ class StateExport:
             schema_version=header.schema_version,
             shard_id=header.shard_id,
             config_fingerprint=header.config_fingerprint,
+            config=self._store.config,
             position=self._meta.position,
             meta=self._meta,
             source=self._source,
@@ -237,6 +241,11 @@ class StateImport:
             ("chunk count", manifest.chunks, self._next),
             ("row count", manifest.rows, self._rows),
             ("position", manifest.position, manifest.meta.position),
+            (
+                "configuration's fingerprint",
+                manifest.config.fingerprint(),
+                header.config_fingerprint,
+            ),
         ):
             if theirs != ours:
                 raise self._refuse(f"the manifest's {what} is {theirs!r}, here {ours!r}")

@@ -10,6 +10,7 @@ store would.
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from nereus.adapters.cli.main import main as nereus_cli
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.log import KafkaLog, KafkaLogConfig
@@ -335,7 +337,9 @@ def test_the_owner_writes_snapshots_while_it_works_and_a_new_owner_takes_the_new
     assert {k: v for k, v in b_messages.items() if k not in late} == a_messages
 
 
-def test_snapshots_trim_what_no_restore_needs(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_snapshots_trim_what_no_restore_needs(
+    kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """With snapshots every 300 ms, once three are complete after the last command the
     owner has deleted the commands the older of the newest two covers, and the chunks of
     the snapshots before it; the newest still restores a new owner; the metrics show it."""
@@ -369,6 +373,16 @@ def test_snapshots_trim_what_no_restore_needs(kafka_bootstrap: str, tmp_path: Pa
         probe.close()
     manifest = latest_manifest(settings, topics.commands, 0)
     assert manifest is not None
+    # An auditor rebuilds the shard from Kafka alone (the newest snapshot, then the commands
+    # after it), and reaches the state of A's own store.
+    with ShardStore.open(str(tmp_path / "a" / "shard-0"), create=False) as store:
+        a_digest, a_position = _digest(store), store.meta.position
+    argv = ["--kafka", kafka_bootstrap, "--commands-topic", topics.commands, "--shard", "0"]
+    code = nereus_cli(["replay", *argv, "--verify", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["verify"]["ok"] is True
+    assert (doc["digest"], doc["position"]) == (a_digest, a_position)
+    assert doc["kafka"]["snapshot"]["covered_offset"] >= 0
     b = _restored(kafka_bootstrap, tmp_path / "b", topics, manifest.transfer.position)
     try:
         assert b.peek(topics.queue, "k7").status == "SCHEDULED"
@@ -507,3 +521,8 @@ def test_a_store_left_behind_the_trimmed_start_is_replaced_by_the_newest_snapsho
         assert store is not None and store.log_info.snapshot_position > 0
     finally:
         again.close()
+
+
+def test_replay_from_kafka_needs_a_shard(capsys: pytest.CaptureFixture[str]) -> None:
+    assert nereus_cli(["replay", "--kafka", "127.0.0.1:1"]) == 2
+    assert "--kafka needs --shard N" in capsys.readouterr().err

@@ -168,7 +168,7 @@ def publish_snapshot(
         run.close()
 
 
-def _consumer(settings: dict[str, Any], name: str) -> Any:
+def reader(settings: dict[str, Any], name: str) -> Any:
     return Consumer(
         {
             **settings,
@@ -183,7 +183,9 @@ def _consumer(settings: dict[str, Any], name: str) -> Any:
     )
 
 
-def _read(consumer: Any, tp: TopicPartition, stop_offset: int, timeout_s: float) -> Iterator[Any]:
+def read_until(
+    consumer: Any, tp: TopicPartition, stop_offset: int, timeout_s: float
+) -> Iterator[Any]:
     """The committed records of `tp` from its assigned offset through `stop_offset`."""
     consumer.assign([tp])
     deadline = time.monotonic() + timeout_s
@@ -207,7 +209,7 @@ def latest_manifest(
     settings: dict[str, Any], topic: str, partition: int, timeout_s: float = 30.0
 ) -> SnapshotManifest | None:
     """The newest committed manifest of the shard, or None."""
-    consumer = _consumer(settings, f"nereus-manifests-{partition}")
+    consumer = reader(settings, f"nereus-manifests-{partition}")
     try:
         tp = TopicPartition(manifests_topic(topic), partition)
         if not _exists(consumer, tp.topic, timeout_s):
@@ -216,7 +218,9 @@ def latest_manifest(
         if high <= low:
             return None
         newest: SnapshotManifest | None = None
-        for m in _read(consumer, TopicPartition(tp.topic, partition, low), high - 1, timeout_s):
+        for m in read_until(
+            consumer, TopicPartition(tp.topic, partition, low), high - 1, timeout_s
+        ):
             try:
                 found = _manifest_decoder.decode(m.value() or b"")
             except msgspec.DecodeError:
@@ -254,7 +258,7 @@ def restore_snapshot(
     """Import the snapshot `manifest` names into the empty `store`. Refuses (StoreError)
     when its chunks are no longer all in the topic or do not add up to its state."""
     data_file = store.env.data_file
-    consumer = _consumer(settings, f"nereus-restore-{manifest.partition}")
+    consumer = reader(settings, f"nereus-restore-{manifest.partition}")
     try:
         tp = TopicPartition(snapshots_topic(manifest.topic), manifest.partition)
         low, _high = watermarks(consumer, tp, timeout_s)
@@ -269,7 +273,7 @@ def restore_snapshot(
         index = 0
         start = TopicPartition(tp.topic, tp.partition, manifest.first_chunk_offset)
         try:
-            for m in _read(consumer, start, manifest.last_chunk_offset, timeout_s):
+            for m in read_until(consumer, start, manifest.last_chunk_offset, timeout_s):
                 if m.key() != chunk_key(manifest.snapshot_id, index):
                     continue  # another snapshot's chunk, interleaved: never this one's
                 into.add(m.value() or b"")
