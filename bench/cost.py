@@ -143,15 +143,9 @@ def page_bytes(store: ShardStore) -> dict[str, int]:
     """Bytes of the branch, leaf and overflow pages of every sub-database but the log's
     and the meta's: what the live timers themselves occupy."""
     env = store.env
-    dbs: dict[str, Any] = {table.value: db for table, db in env.tables.items()}
-    dbs.update(
-        payload_bytes=env.payload_bytes,
-        lane_timeline=env.lane_timeline,
-        timer_index=env.timer_index,
-    )
     found: dict[str, int] = {}
     with env.env.begin() as txn:
-        for name, db in dbs.items():
+        for name, db in env.state_dbs().items():
             stat = txn.stat(db)
             pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
             found[name] = pages * stat["psize"]

@@ -45,6 +45,18 @@ class Env:
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_file", os.path.join(self.path, "data.mdb"))
 
+    def state_dbs(self) -> dict[str, Any]:
+        """The sub-databases that hold the shard's folded state, by name, in a fixed order:
+        the tables, the payload bytes and the two derived indexes (not the log, the claims
+        or the meta)."""
+        dbs: dict[str, Any] = {t.value: self.tables[t] for t in TABLES}
+        dbs.update(
+            payload_bytes=self.payload_bytes,
+            lane_timeline=self.lane_timeline,
+            timer_index=self.timer_index,
+        )
+        return dbs
+
     def close(self) -> None:
         self.env.close()
 

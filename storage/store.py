@@ -262,13 +262,7 @@ class ShardStore:
         snapshot. Everything removed is derived from the log."""
         env = self._env
         with lmdb_refusal(env.data_file), env.env.begin(write=True) as txn:
-            for db in (
-                *env.tables.values(),
-                env.log,
-                env.payload_bytes,
-                env.lane_timeline,
-                env.timer_index,
-            ):
+            for db in (*env.state_dbs().values(), env.log):
                 txn.drop(db, delete=False)
             txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
             txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)

@@ -28,7 +28,7 @@ from typing import Any, Final
 import msgspec
 
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.model import TABLES, ShardMeta
+from nereus.kernel.model import ShardMeta
 from nereus.storage.codec import decode_struct, encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import (
@@ -46,9 +46,6 @@ TRANSFER_VERSION: Final = 1
 DEFAULT_CHUNK_BYTES: Final = 900 * 1024
 # What a row costs in a chunk beyond its key and value (msgpack array and length headers).
 _ROW_OVERHEAD_BYTES: Final = 16
-
-# The sub-databases a transfer copies, in the order it copies them.
-_NAMES: Final = (*(t.value for t in TABLES), "payload_bytes", "lane_timeline", "timer_index")
 
 
 class TransferManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -77,13 +74,8 @@ _chunk_decoder = msgspec.msgpack.Decoder(tuple[int, list[tuple[int, bytes, bytes
 
 
 def _dbs(store: ShardStore) -> list[Any]:
-    env = store.env
-    return [
-        *(env.tables[t] for t in TABLES),
-        env.payload_bytes,
-        env.lane_timeline,
-        env.timer_index,
-    ]
+    """The sub-databases a transfer copies, in the order it copies them."""
+    return list(store.env.state_dbs().values())
 
 
 def _feed(h: Any, data: bytes) -> None:
@@ -220,9 +212,9 @@ class StateImport:
                 # Appended: the export walks each sub-database in key order, so a key that
                 # does not sort after the last one came out of order or twice.
                 if not txn.put(key, value, db=self._dbs[db_index], append=True):
+                    name = list(self._store.env.state_dbs())[db_index]
                     raise self._refuse(
-                        f"chunk {index} holds a key of {_NAMES[db_index]} out of order "
-                        f"or twice ({key.hex()})"
+                        f"chunk {index} holds a key of {name} out of order or twice ({key.hex()})"
                     )
         self._next += 1
         self._rows += len(rows)
