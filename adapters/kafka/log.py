@@ -40,7 +40,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
 
 from nereus.adapters.kafka.log_writer import LogWriter
 from nereus.adapters.kafka.snapshots import (
@@ -53,6 +52,7 @@ from nereus.adapters.kafka.snapshots import (
     snapshot_topics_exist,
     snapshots_topic,
 )
+from nereus.adapters.kafka.topics import configured_retention_ms, topic_config
 from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
@@ -152,7 +152,7 @@ class KafkaLog:
         self._local_replies: list[tuple[str, tuple[EntryOutcome, ...]]] = []
         self._undecodable = 0
         self._snapshots_on = False  # the snapshot topics exist
-        self._common: dict[str, Any] = {}
+        self._common_settings: dict[str, Any] = {}
         self._snapshot: SnapshotRun | None = None
         self._snapshot_offsets: list[int] = []
         self._snapshot_manifest: SnapshotManifest | None = None  # written, not yet committed
@@ -212,6 +212,7 @@ class KafkaLog:
         self._folded_offset = source.last_offset if source is not None else -1
         common: dict[str, Any] = {"bootstrap.servers": c.bootstrap}
         common.update(c.client_config)
+        self._common_settings = common
         self._writer.open(common)
         consumer = Consumer(
             {
@@ -227,51 +228,26 @@ class KafkaLog:
                 "fetch.wait.max.ms": 100,
             }
         )
-        start = self._folded_offset + 1
-        if start == 0:
+        try:
             low, _high = watermarks(
                 consumer, TopicPartition(c.topic, c.partition), c.init_timeout_s
             )
-            try:
-                restored = self._restore_snapshot(common, low)
-            except BaseException:
-                consumer.close()
-                raise
-            if restored is not None:
-                self._folded_offset = restored
-                start = restored + 1
-            elif low > 0:
-                consumer.close()
-                raise StoreError(
-                    self.store.path,
-                    f"{c.topic}[{c.partition}] starts at offset {low}, not 0 (retention "
-                    "deleted records), and no snapshot in "
-                    f"{manifests_topic(c.topic)}[{c.partition}] covers offset {low - 1}: "
-                    "shard log positions cannot be counted from here",
-                )
-            else:
-                start = OFFSET_BEGINNING
-        else:
-            try:
-                start = self._bridge(common, consumer, start)
-            except BaseException:
-                consumer.close()
-                raise
+            manifest = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
+            start = self._resume_offset(manifest, low)
+            self._admin = AdminClient(dict(common))
+            self._check_obligation_ages()
+        except BaseException:
+            consumer.close()
+            raise
         consumer.assign([TopicPartition(c.topic, c.partition, start)])
         self._consumer = consumer
         self._snapshots_on = c.snapshot_interval_ms > 0 and snapshot_topics_exist(
             consumer, c.topic, c.init_timeout_s
         )
-        try:
-            self._check_obligation_ages(common)
-        except BaseException:
-            consumer.close()
-            raise
-        if self._snapshots_on and self.last_snapshot is None:
+        if self.last_snapshot is None:
             # The newest complete snapshot already there is the older of the two the next
             # snapshot keeps.
-            self.last_snapshot = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
-        self._common = common
+            self.last_snapshot = manifest
         self._opened = True
         self.log.info(
             "shard_log_opened",
@@ -283,21 +259,34 @@ class KafkaLog:
             tenure=self.tenure,
         )
 
-    def _bridge(self, common: dict[str, Any], consumer: Any, start: int) -> int:
-        """The offset to resume at for a store that folded up to `start - 1`. Where the
-        partition now starts after it (the records it had not folded were deleted behind a
-        snapshot), the store is replaced by the newest snapshot, which must cover the gap;
+    def _resume_offset(self, manifest: SnapshotManifest | None, low: int) -> int:
+        """Where the fold resumes, given the shard's newest snapshot and the offset its
+        partition now starts at. A fresh store restores the snapshot (or folds from offset
+        0 where there is none and nothing was deleted). A store that folded up to a point
+        the partition has since been trimmed past (the records it had not folded were
+        deleted behind a snapshot) is replaced by the snapshot, which must cover the gap;
         else the shard is refused, naming the offsets."""
         c = self.config
-        low, _high = watermarks(consumer, TopicPartition(c.topic, c.partition), c.init_timeout_s)
+        start = self._folded_offset + 1
+        if start == 0:
+            if self._restore_snapshot(manifest, low):
+                return self._folded_offset + 1
+            if low > 0:
+                raise StoreError(
+                    self.store.path,
+                    f"{c.topic}[{c.partition}] starts at offset {low}, not 0 (retention "
+                    "deleted records), and no snapshot in "
+                    f"{manifests_topic(c.topic)}[{c.partition}] covers offset {low - 1}: "
+                    "shard log positions cannot be counted from here",
+                )
+            return OFFSET_BEGINNING
         if start >= low:
             return start
-        manifest = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
         if manifest is None or manifest.covered_offset < low - 1:
             newest = (
                 "no snapshot"
                 if manifest is None
-                else (f"the newest snapshot covers offsets up to {manifest.covered_offset}")
+                else f"the newest snapshot covers offsets up to {manifest.covered_offset}"
             )
             raise StoreError(
                 self.store.path,
@@ -314,35 +303,19 @@ class KafkaLog:
             covered_offset=manifest.covered_offset,
         )
         self.store.discard_state()
-        restored = self._restore_snapshot(common, low)
-        if restored is None:
-            raise StoreError(
-                self.store.path, f"the snapshot {manifest.snapshot_id} could not be restored"
-            )
-        self._folded_offset = restored
-        return restored + 1
+        self._restore_snapshot(manifest, low)  # low > 0: a failure raises
+        return self._folded_offset + 1
 
-    def _check_obligation_ages(self, common: dict[str, Any]) -> None:
+    def _check_obligation_ages(self) -> None:
         """Where the commands topic has a time retention of its own, refuse a shard whose
         oldest open obligation is older than it: that obligation's Admission, the evidence
         of an attempt that may be at the destination, is deleted or about to be."""
         c = self.config
-        admin = AdminClient(dict(common))
-        resource = ConfigResource(ConfigResource.Type.TOPIC, c.topic)
-        entries = admin.describe_configs([resource])[resource].result(timeout=c.init_timeout_s)
-        retention = entries.get("retention.ms")
-        retention_ms = -1 if retention is None else int(retention.value)
-        if retention_ms < 0:
+        retention_ms = configured_retention_ms(topic_config(self._admin, c.topic, c.init_timeout_s))
+        oldest = self._oldest_open_obligation() if retention_ms >= 0 else None
+        if oldest is None:
             return
-        with self.store.read() as view:
-            admitted = [
-                o.admitted_at_ms
-                for _, o in view.items(Table.OBLIGATIONS)
-                if isinstance(o, Obligation)
-            ]
-        if not admitted:
-            return
-        age_ms = int(time.time() * 1000) - min(admitted)
+        age_ms = int(time.time() * 1000) - oldest.admitted_at_ms
         if age_ms >= retention_ms:
             raise StoreError(
                 self.store.path,
@@ -352,15 +325,14 @@ class KafkaLog:
                 "the topic's retention.ms above that age (or -1) and settle the obligation",
             )
 
-    def _restore_snapshot(self, common: dict[str, Any], low: int) -> int | None:
-        """A fresh store takes the shard's newest snapshot, if there is one: returns the
-        commands offset it covers (the fold resumes after it), or None to fold from offset
-        0. A snapshot that cannot be restored is refused where the log cannot replace it
-        (its start was deleted), and passed over where it can."""
+    def _restore_snapshot(self, manifest: SnapshotManifest | None, low: int) -> bool:
+        """Restore the fresh store from `manifest`, the shard's newest snapshot, if there is
+        one; the fold then resumes after the offset it covers. A snapshot that cannot be
+        restored is refused where the log cannot replace it (its start was deleted), and
+        passed over (False: fold from offset 0) where it can."""
         c = self.config
-        manifest = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
         if manifest is None:
-            return None
+            return False
         if manifest.covered_offset < low - 1:
             raise StoreError(
                 self.store.path,
@@ -370,7 +342,7 @@ class KafkaLog:
             )
         started = time.monotonic()
         try:
-            restore_snapshot(self.store, common, manifest)
+            restore_snapshot(self.store, self._common_settings, manifest)
         except StoreError as exc:
             if low > 0:
                 raise
@@ -380,9 +352,11 @@ class KafkaLog:
                 snapshot_id=manifest.snapshot_id,
                 error=str(exc),
             )
-            return None
+            return False
+        self._folded_offset = manifest.covered_offset
         self.last_snapshot = manifest
-        self.metrics.set(RESTORE_SECONDS, round(time.monotonic() - started, 3))
+        seconds = round(time.monotonic() - started, 3)
+        self.metrics.set(RESTORE_SECONDS, seconds)
         self.metrics.set(RESTORE_BYTES, manifest.transfer.bytes)
         self.log.info(
             "snapshot_restored",
@@ -392,9 +366,9 @@ class KafkaLog:
             position=manifest.transfer.position,
             rows=manifest.transfer.rows,
             bytes=manifest.transfer.bytes,
-            seconds=round(time.monotonic() - started, 3),
+            seconds=seconds,
         )
-        return manifest.covered_offset
+        return True
 
     # State --------------------------------------------------------------------------------
 
@@ -670,7 +644,8 @@ class KafkaLog:
         destination). Asynchronous: the outcome is logged."""
         c = self.config
         cuts = [TopicPartition(snapshots_topic(c.topic), c.partition, previous.first_chunk_offset)]
-        floor = self._oldest_open_admission()
+        oldest = self._oldest_open_obligation()
+        floor = None if oldest is None else oldest.admitted_position
         if floor is None or floor > previous.transfer.position:
             cuts.append(TopicPartition(c.topic, c.partition, previous.covered_offset + 1))
         else:
@@ -680,8 +655,6 @@ class KafkaLog:
                 admission_position=floor,
                 snapshot_position=previous.transfer.position,
             )
-        if self._admin is None:
-            self._admin = AdminClient(dict(self._common))
         for tp, future in self._admin.delete_records(cuts).items():
             future.add_done_callback(self._trimmed_callback(tp))
 
@@ -701,15 +674,12 @@ class KafkaLog:
 
         return done
 
-    def _oldest_open_admission(self) -> int | None:
-        """The position of the oldest open obligation's Admission, or None."""
+    def _oldest_open_obligation(self) -> Obligation | None:
+        """The open obligation admitted first (at the lowest position, so also the
+        earliest broker time), or None."""
         with self.store.read() as view:
-            positions = [
-                o.admitted_position
-                for _, o in view.items(Table.OBLIGATIONS)
-                if isinstance(o, Obligation)
-            ]
-        return min(positions, default=None)
+            open_ = [o for _, o in view.items(Table.OBLIGATIONS) if isinstance(o, Obligation)]
+        return min(open_, key=_admitted_position, default=None)
 
     def _snapshot_abandoned(self) -> None:
         """A transaction holding snapshot records did not commit. The snapshot is dropped,
@@ -745,3 +715,7 @@ class KafkaLog:
         self._opened = False
         self._buffer = []
         self._local_replies = []
+
+
+def _admitted_position(obligation: Obligation) -> int:
+    return obligation.admitted_position

@@ -62,8 +62,7 @@ def ensure_topics(c: KafkaServiceConfig, max_message_bytes: int, log: Logger) ->
             "between shards"
         )
     _ensure_snapshot_topics(admin, c, partitions, max_message_bytes, log)
-    resource = ConfigResource(ConfigResource.Type.TOPIC, c.commands_topic)
-    entries = admin.describe_configs([resource])[resource].result(timeout=c.admin_timeout_s)
+    entries = topic_config(admin, c.commands_topic, c.admin_timeout_s)
     ts_type = entries.get("message.timestamp.type")
     if ts_type is None or ts_type.value != "LogAppendTime":
         raise ValueError(
@@ -90,8 +89,7 @@ def check_retention(c: KafkaServiceConfig, entries: dict[str, Any]) -> None:
             "ones no snapshot covers yet; set retention.bytes=-1 (the owners trim the topic "
             "after each snapshot)"
         )
-    retention = entries.get("retention.ms")
-    retention_ms = -1 if retention is None else int(retention.value)
+    retention_ms = configured_retention_ms(entries)
     if retention_ms < 0:
         return
     if c.snapshot_interval_ms <= 0:
@@ -106,6 +104,19 @@ def check_retention(c: KafkaServiceConfig, entries: dict[str, Any]) -> None:
             f"intervals ({least} ms): a new owner could find the commands after the newest "
             "complete snapshot already deleted"
         )
+
+
+def topic_config(admin: Any, topic: str, timeout_s: float) -> dict[str, Any]:
+    """The topic's configuration entries (name -> entry with a `value`)."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries: dict[str, Any] = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+    return entries
+
+
+def configured_retention_ms(entries: dict[str, Any]) -> int:
+    """A topic's `retention.ms` from its configuration entries (-1: none)."""
+    retention = entries.get("retention.ms")
+    return -1 if retention is None else int(retention.value)
 
 
 def _ensure_snapshot_topics(
