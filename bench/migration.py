@@ -27,18 +27,25 @@ from nereus.storage.store import ShardStore
 _OPTIONS = StoreOptions(check_invariants_on_open=False, check_structure_on_open=False)
 
 
+def rows_as_maps(txn: Any, env: Any) -> int:
+    """Rewrite every table row of `env` in the map form of schema 5 and earlier, inside the
+    write transaction `txn`; returns how many. (The tests make old stores with it too.)"""
+    rows = 0
+    for table, db in env.tables.items():
+        with txn.cursor(db=db) as cursor:
+            for key, raw in list(cursor):
+                value = decode_value(table, raw, env.data_file, key)
+                cursor.put(key, frame(msgspec.msgpack.encode(value)))
+                rows += 1
+    return rows
+
+
 def _as_version_5(path: str) -> int:
     """Rewrite the store's rows as maps and its header as version 5; returns the rows."""
-    rows = 0
     with ShardStore.open(path, options=_OPTIONS) as store:
         env = store.env
         with env.env.begin(write=True) as txn:
-            for table, db in env.tables.items():
-                with txn.cursor(db=db) as cursor:
-                    for key, raw in list(cursor):
-                        value = decode_value(table, raw, env.data_file, key)
-                        cursor.put(key, frame(msgspec.msgpack.encode(value)))
-                        rows += 1
+            rows = rows_as_maps(txn, env)
             header = msgspec.structs.replace(store.header, schema_version=5)
             txn.put(HEADER_KEY, frame(msgspec.msgpack.encode(header)), db=env.meta)
     return rows

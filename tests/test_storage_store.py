@@ -13,7 +13,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import lmdb
 import msgspec
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.migration import rows_as_maps
 from nereus import kernel as k
 from nereus.kernel.codes import POSITION_CODES
 from nereus.kernel.effects import EntryOutcome, Publish
@@ -28,7 +28,7 @@ from nereus.kernel.keys import timeline_key
 from nereus.kernel.model import AttemptStatus, Table, TimelineWork
 from nereus.replay.fold import replay
 from nereus.storage.base import LmdbBase
-from nereus.storage.codec import decode_struct, decode_value, encode_value, frame
+from nereus.storage.codec import decode_struct, encode_value, frame
 from nereus.storage.errors import CorruptRecord, StoreError
 from nereus.storage.schema import (
     HEADER_KEY,
@@ -535,7 +535,7 @@ def test_a_version_3_store_is_migrated_in_place_and_its_rows_still_read(tmp_path
         header = msgspec.structs.replace(store.header, schema_version=3)
         with env.env.begin(write=True) as txn:
             txn.put(HEADER_KEY, encode_value(header), db=env.meta)
-            _map_rows(txn, env)
+            rows_as_maps(txn, env)
             db = env.tables[Table.ATTEMPTS]
             for key, raw in list(txn.cursor(db=db)):
                 row = msgspec.msgpack.decode(raw[4:])
@@ -550,14 +550,6 @@ def test_a_version_3_store_is_migrated_in_place_and_its_rows_still_read(tmp_path
         assert replay_digest(store) == digest
     with ShardStore.open(path) as store:  # the header was rewritten durably
         assert store.header.schema_version == SCHEMA_VERSION
-
-
-def _map_rows(txn: Any, env: Any) -> None:
-    """Rewrite every table row in the map form of schema 5 and earlier."""
-    for table, db in env.tables.items():
-        for key, raw in list(txn.cursor(db=db)):
-            value = decode_value(table, raw, env.data_file, key)
-            txn.put(key, frame(msgspec.msgpack.encode(value)), db=db)
 
 
 def test_a_version_5_store_gets_positional_rows_and_reads_as_before(
@@ -580,7 +572,7 @@ def test_a_version_5_store_gets_positional_rows_and_reads_as_before(
             positional = txn.get(mid("a").encode(), db=env.tables[Table.MESSAGES])
             header = msgspec.structs.replace(store.header, schema_version=5)
             txn.put(HEADER_KEY, encode_value(header), db=env.meta)
-            _map_rows(txn, env)
+            rows_as_maps(txn, env)
             as_map = txn.get(mid("a").encode(), db=env.tables[Table.MESSAGES])
     assert len(positional) * 2 < len(as_map)
     with caplog.at_level("INFO", logger="nereus.storage"), ShardStore.open(path) as store:
@@ -606,7 +598,7 @@ def test_a_version_5_row_that_does_not_decode_refuses_the_migration(tmp_path: Pa
         with env.env.begin(write=True) as txn:
             header = msgspec.structs.replace(store.header, schema_version=5)
             txn.put(HEADER_KEY, encode_value(header), db=env.meta)
-            _map_rows(txn, env)
+            rows_as_maps(txn, env)
             txn.put(mid("a").encode(), frame(b"\x93\x01\x02\x03"), db=env.tables[Table.MESSAGES])
     with pytest.raises(CorruptRecord, match=rf"table messages, key {mid('a').encode().hex()}"):
         ShardStore.open(path)
