@@ -22,5 +22,15 @@ ensure_venv() {
     # No stamp after a failed install (a caller without `set -e` would otherwise skip the
     # next attempt and run against a half-built environment).
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' || return 1
+    # pip -q hides setup.py's notice when the compiled build falls back to Python source, so
+    # say which build was installed; CI, which tests the compiled build, stops here on one.
+    local build
+    build="$(.venv/bin/python -m nereus --version)" || return 1
+    echo "installed: $build" >&2
+    if [ -n "${CI:-}" ] && [ -z "${NEREUS_PURE_PYTHON:-}" ] && [[ "$build" != *compiled* ]]; then
+        echo "error: the compiled build failed; \`.venv/bin/pip install -v -e .\` shows why" \
+            "(a line starting with 'nereus:')" >&2
+        return 1
+    fi
     echo "$want" > "$stamp"
 }
