@@ -224,41 +224,56 @@ def lateness(bootstrap: str, root: str, rate: int, seconds: float, shards: int) 
     say(f"kafka_fire: steady {rate}/s for {seconds:g} s")
     dest = _topic(bootstrap, "bench-lag", DEST_PARTITIONS)
     service = _service(bootstrap, root, shards, dest)
-    sent = 0
     try:
-        tick_s = 0.05
-        per_tick = max(1, int(rate * tick_s))
-        start = time.perf_counter()
-        errors: list[BaseException] = []
-
-        def feed() -> None:
-            nonlocal sent
-            n = 0
-            while time.perf_counter() - start < seconds:
-                items = [
-                    schedule_record("q", f"l{n + j}", PAYLOAD, delay_ms=200, txn="tx")
-                    for j in range(per_tick)
-                ]
-                n += per_tick
-                try:
-                    service.execute(items, 60)
-                except BaseException as exc:
-                    errors.append(exc)
-                    return
-                sent += per_tick
-                behind = start + (n / per_tick) * tick_s - time.perf_counter()
-                if behind > 0:
-                    time.sleep(behind)
-
-        # Each execute waits for its outcomes, as an HTTP client would.
-        feeder = threading.Thread(target=feed)
-        feeder.start()
-        feeder.join()
-        if errors:
-            raise errors[0]
-        records = _read(bootstrap, dest, sent, 120)
+        return steady_lag(service, bootstrap, dest, rate, seconds)
     finally:
         service.close()
+
+
+def steady_lag(
+    service: KafkaService,
+    bootstrap: str,
+    dest: str,
+    rate: int,
+    seconds: float,
+    *,
+    prefix: str = "l",
+) -> dict[str, Any]:
+    """Schedule `rate` timers a second due 200 ms later for `seconds` through `service`
+    (whose queue "q" publishes to `dest`), then read them all from `dest`: fire lag = the
+    record's broker timestamp - deliverAt. Timer keys start with `prefix`."""
+    sent = 0
+    tick_s = 0.05
+    per_tick = max(1, int(rate * tick_s))
+    start = time.perf_counter()
+    errors: list[BaseException] = []
+
+    def feed() -> None:
+        nonlocal sent
+        n = 0
+        while time.perf_counter() - start < seconds:
+            items = [
+                schedule_record("q", f"{prefix}{n + j}", PAYLOAD, delay_ms=200, txn="tx")
+                for j in range(per_tick)
+            ]
+            n += per_tick
+            try:
+                service.execute(items, 60)
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            sent += per_tick
+            behind = start + (n / per_tick) * tick_s - time.perf_counter()
+            if behind > 0:
+                time.sleep(behind)
+
+    # Each execute waits for its outcomes, as an HTTP client would.
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    feeder.join()
+    if errors:
+        raise errors[0]
+    records = _read(bootstrap, dest, sent, 120)
     lags = sorted(ts - deliver_at for ts, deliver_at in records)
     return {
         "rate_per_s": rate,

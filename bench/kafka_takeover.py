@@ -47,8 +47,9 @@ DAY_MS = 86_400_000
 PAYLOAD = b"p" * 64
 
 
-def _fill(bootstrap: str, topic: str, live: int, history: int) -> int:
-    """Write the history; returns the records written."""
+def write_history(bootstrap: str, topic: str, live: int, history: int) -> int:
+    """Write `live` schedules due in a day, then reschedules of them up to `history`
+    commands, straight to partition 0 of `topic`; returns the records written."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}
     )
@@ -89,6 +90,16 @@ def _fill(bootstrap: str, topic: str, live: int, history: int) -> int:
     return records
 
 
+def commands_topic(bootstrap: str, prefix: str) -> str:
+    """A fresh one-partition commands topic, as the service would create it."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {"message.timestamp.type": "LogAppendTime", "retention.ms": "-1"}
+    admin.create_topics([NewTopic(topic, 1, 1, config=config)])[topic].result(30)
+    wait_for_leaders(admin, topic, 30)
+    return topic
+
+
 def _service(bootstrap: str, topic: str, data: str, interval_ms: int) -> KafkaService:
     tag = uuid.uuid4().hex[:8]
     return KafkaService(
@@ -122,13 +133,8 @@ def _take(service: KafkaService, timeout_s: float) -> float:
 
 
 def one(bootstrap: str, live: int, history: int, timeout_s: float) -> dict[str, Any]:
-    topic = f"nereus-bench-takeover-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    config = {"message.timestamp.type": "LogAppendTime", "retention.ms": "-1"}
-    new = NewTopic(topic, 1, 1, config=config)
-    admin.create_topics([new])[topic].result(30)
-    wait_for_leaders(admin, topic, 30)
-    records = _fill(bootstrap, topic, live, history)
+    topic = commands_topic(bootstrap, "nereus-bench-takeover")
+    records = write_history(bootstrap, topic, live, history)
     settings = {"bootstrap.servers": bootstrap}
     with scratch("nereus-takeover-") as root:
         say(f"takeover: folding {history:,} commands from offset 0")
