@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,12 @@ def status_mb(pid: int | str = "self") -> dict[str, float]:
             if name in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
                 fields[name] = round(int(value.split()[0]) / 1024, 1)
     return fields
+
+
+def process_cpu_s() -> float:
+    """User + system CPU seconds this process has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def pct(values: list[int] | list[float], q: float) -> float:

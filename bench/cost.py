@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import Any
 
 import lmdb
 
-from bench.common import PAYLOAD, T0_MS, say, write_json
+from bench.common import PAYLOAD, T0_MS, process_cpu_s, say, write_json
 from nereus import kernel as k
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
@@ -48,11 +47,6 @@ from nereus.storage.store import Appendable, ShardStore
 
 # Under callgrind no 64 GiB map can be reserved: the children map 1 GiB per environment.
 SMALL_MAP_BYTES = 1 << 30
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _items(first: int, count: int, delay_ms: int) -> list[Appendable]:
@@ -78,10 +72,10 @@ def fire(root: str, n: int, *, run: bool = True, map_bytes: int | None = None) -
     for first in range(0, n, 1000):
         store.commit(_items(first, min(1000, n - first), 0), int(time.time() * 1000))
     time.sleep(0.01)  # every timer is due
-    started = _cpu_s()
+    started = process_cpu_s()
     while run and store.meta.counters.delivered < n:
         runtime.run_once()
-    took = _cpu_s() - started
+    took = process_cpu_s() - started
     runtime.stop()
     store.close()
     dest.close()
@@ -102,11 +96,11 @@ def raw_fire(root: str, n: int) -> float:
         )
         for i in range(n)
     ]  # fmt: skip
-    started = _cpu_s()
+    started = process_cpu_s()
     for first in range(0, n, per_tick):
         dest.submit(sends[first : first + per_tick], now)
         dest.poll(0)
-    took = _cpu_s() - started
+    took = process_cpu_s() - started
     dest.close()
     return took
 
@@ -124,13 +118,13 @@ def schedule(
     `sizes`, if given, receives the bytes of B-tree pages each sub-database then holds."""
     store, dest, runtime = _open(root, map_bytes)
     units = [_items(first, min(batch, n - first), 3_600_000) for first in range(0, n, batch)]
-    started = _cpu_s()
+    started = process_cpu_s()
     for unit in units if run else ():
         future = runtime.submit(unit)
         while not future.done():
             runtime.run_once()
         assert all(o.code is k.Code.SCHEDULED for o in future.result(0))
-    took = _cpu_s() - started
+    took = process_cpu_s() - started
     if sizes is not None:
         sizes.update(page_bytes(store))
     runtime.stop()
@@ -158,12 +152,12 @@ def raw_schedule(root: str, n: int, batch: int) -> float:
         for i, (record, _) in enumerate(_items(0, n, 0))
     ]
     env = lmdb.open(os.path.join(root, "raw-log"), map_size=1 << 34, sync=True)
-    started = _cpu_s()
+    started = process_cpu_s()
     for first in range(0, n, batch):
         with env.begin(write=True) as txn:
             for i in range(first, min(first + batch, n)):
                 txn.put(i.to_bytes(8, "big"), blobs[i])
-    took = _cpu_s() - started
+    took = process_cpu_s() - started
     env.close()
     return took
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
 import uuid
@@ -27,16 +26,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from bench.common import say, write_json
+from bench.common import process_cpu_s, say, write_json
 
 ROW_BYTES = 290
 CHUNK_ROWS = 3_000
 TICK_ROWS = 2_000
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _write(bootstrap: str, topic: str, rows: int, rows_per_record: int, per_txn: int) -> float:
@@ -52,7 +46,7 @@ def _write(bootstrap: str, topic: str, rows: int, rows_per_record: int, per_txn:
     )
     producer.init_transactions()
     row = os.urandom(ROW_BYTES)
-    started = _cpu_s()
+    started = process_cpu_s()
     producer.begin_transaction()
     written = records = 0
     while written < rows:
@@ -68,7 +62,7 @@ def _write(bootstrap: str, topic: str, rows: int, rows_per_record: int, per_txn:
             producer.commit_transaction()
             producer.begin_transaction()
     producer.commit_transaction()
-    return _cpu_s() - started
+    return process_cpu_s() - started
 
 
 def run(bootstrap: str, rows: int) -> dict[str, Any]:

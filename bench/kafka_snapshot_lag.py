@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import threading
-import time
 import uuid
 from typing import Any
 
-from bench.common import say, scratch, write_json
+from bench.common import process_cpu_s, say, scratch, write_json
 from bench.kafka_fire import DEST_PARTITIONS, _topic, steady_lag
-from bench.kafka_takeover import commands_topic, write_history
+from bench.kafka_takeover import commands_topic, take_shard, write_history
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.log import SNAPSHOT_BYTES, SNAPSHOT_WRITTEN_AT
@@ -55,18 +53,8 @@ def _service(bootstrap: str, topic: str, data: str, interval_ms: int, dest: str)
         ),
         clock=SystemClock(assumed_error_ms=1.0),
     )
-    service.start()
-    deadline = time.monotonic() + 3_600
-    while service.shard_states() != {0: "active"}:
-        if time.monotonic() > deadline:
-            raise TimeoutError("snapshot_lag: the shard did not become active")
-        time.sleep(0.05)
+    take_shard(service, 3_600)
     return service
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _phase(
@@ -89,9 +77,9 @@ def _phase(
     watcher = threading.Thread(target=watch, daemon=True)
     try:
         watcher.start()
-        cpu = _cpu_s()
+        cpu = process_cpu_s()
         result = steady_lag(service, bootstrap, dest, rate, seconds, prefix=uuid.uuid4().hex[:6])
-        result["cpu_s"] = round(_cpu_s() - cpu, 1)
+        result["cpu_s"] = round(process_cpu_s() - cpu, 1)
     finally:
         stop.set()
         watcher.join()

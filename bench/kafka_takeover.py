@@ -125,7 +125,8 @@ def _until(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _take(service: KafkaService, timeout_s: float) -> float:
+def take_shard(service: KafkaService, timeout_s: float) -> float:
+    """Start `service` and wait for its one shard to be active; returns the seconds taken."""
     started = time.monotonic()
     service.start()
     _until(lambda: service.shard_states() == {0: "active"}, timeout_s, "the shard active")
@@ -140,7 +141,7 @@ def one(bootstrap: str, live: int, history: int, timeout_s: float) -> dict[str, 
         say(f"takeover: folding {history:,} commands from offset 0")
         folder = _service(bootstrap, topic, os.path.join(root, "fold"), 1_000)
         try:
-            fold_s = _take(folder, timeout_s)
+            fold_s = take_shard(folder, timeout_s)
             store = folder.owned_store(0)
             assert store is not None
             end = store.meta.position
@@ -157,7 +158,7 @@ def one(bootstrap: str, live: int, history: int, timeout_s: float) -> dict[str, 
         say("takeover: restoring the snapshot")
         restorer = _service(bootstrap, topic, os.path.join(root, "restore"), 0)
         try:
-            restore_s = _take(restorer, timeout_s)
+            restore_s = take_shard(restorer, timeout_s)
         finally:
             restorer.close()
     return {
