@@ -5,7 +5,12 @@ Theory of operation: the host clock is only as good as its synchronisation. Linu
 bound in microseconds that the kernel itself grows while no update arrives. `SystemClock`
 samples that at most every `sample_interval_ms`; between samples it extrapolates the wall
 clock with the monotonic clock and widens the error by `drift_ppm` times the monotonic time
-since the sample, so the interval stays honest even if sampling stops.
+since the sample, so the interval stays honest even if sampling stops. The earliest end is
+rounded down and the latest up to whole milliseconds, so the interval holds the true time
+whenever the host's claims hold (its error bound at each sample, its monotonic clock's drift
+within `drift_ppm`). What it reads of the host (the report and both clocks) comes through a
+`HostReadings`, the real host by default, so a test can drive it from a host whose true time
+it knows.
 
 If the host reports no synchronisation, the interval is unbounded: `decide` then answers
 PAUSE for everything, so nothing is admitted or expired (fail closed). An operator who knows
@@ -20,6 +25,7 @@ import ctypes.util
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from nereus.kernel.timing import UNBOUNDED, TrustedInterval
 from nereus.runtime.clock import ClockStatus
@@ -81,6 +87,31 @@ def read_adjtimex() -> SyncReport | None:
     return SyncReport(synchronized=not tx.status & STA_UNSYNC, max_error_us=int(tx.maxerror))
 
 
+class HostReadings(Protocol):
+    """The three readings SystemClock takes of its host."""
+
+    def sync_report(self) -> SyncReport | None:
+        """The synchronisation report, or None where there is none (fails closed)."""
+        ...
+
+    def monotonic_ns(self) -> int: ...
+
+    def wall_ns(self) -> int: ...
+
+
+class LinuxHost:
+    """The machine this process runs on."""
+
+    def sync_report(self) -> SyncReport | None:
+        return read_adjtimex()
+
+    def monotonic_ns(self) -> int:
+        return time.monotonic_ns()
+
+    def wall_ns(self) -> int:
+        return time.time_ns()
+
+
 @dataclass(frozen=True)
 class _Sample:
     wall_ns: int
@@ -97,7 +128,9 @@ class SystemClock:
         assumed_error_ms: float | None = None,
         drift_ppm: float = 500.0,
         sample_interval_ms: int = 1000,
+        host: HostReadings | None = None,
     ) -> None:
+        self.host: HostReadings = host or LinuxHost()
         self.assumed_error_ms = assumed_error_ms
         self.drift_ppm = drift_ppm
         self.sample_interval_ns = sample_interval_ms * 1_000_000
@@ -106,9 +139,9 @@ class SystemClock:
         self._report_source = "adjtimex"
 
     def _take_sample(self) -> _Sample:
-        report = read_adjtimex()
-        mono_ns = time.monotonic_ns()
-        wall_ns = time.time_ns()
+        report = self.host.sync_report()
+        mono_ns = self.host.monotonic_ns()
+        wall_ns = self.host.wall_ns()
         error_ns: int | None
         if report is not None and report.synchronized:
             error_ns = report.max_error_us * 1000
@@ -119,7 +152,7 @@ class SystemClock:
         return _Sample(wall_ns, mono_ns, error_ns)
 
     def interval(self) -> TrustedInterval:
-        mono_ns = time.monotonic_ns()
+        mono_ns = self.host.monotonic_ns()
         with self._lock:
             if mono_ns - self._sample.mono_ns >= self.sample_interval_ns:
                 self._sample = self._take_sample()
@@ -136,13 +169,13 @@ class SystemClock:
         )
 
     def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
+        return self.host.wall_ns() // 1_000_000
 
     def monotonic_ms(self) -> float:
-        return time.monotonic_ns() / 1_000_000
+        return self.host.monotonic_ns() / 1_000_000
 
     def describe(self) -> ClockStatus:
-        report = read_adjtimex()
+        report = self.host.sync_report()
         synced = report is not None and report.synchronized
         if synced:
             assert report is not None

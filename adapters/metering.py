@@ -14,6 +14,13 @@ Theory of operation:
   refusal says when the tokens will be there (`Retry-After`, whole seconds, at least 1).
 * **Admin block**: a flag per tenant set by `PUT /api/v1/admin/block`, held in this
   process's memory (the durable block is `blocked` in the configuration).
+* **Quota reservations**: what a producing batch may add to its tenant's usage (live
+  timers, payload bytes) is reserved from the moment its quota check passes until its
+  commit has been answered, so the check of a concurrent batch counts it while the durable
+  usage does not yet. Checks of one tenant are serialised and each reads the reservations
+  BEFORE the durable usage: a reservation released before that read belongs to a commit
+  the usage read already sees, so no batch is ever counted by neither (it may be counted
+  by both for a moment, which only refuses early). Held in this process's memory.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from nereus.kernel.model import TenantUsage
 from nereus.runtime.metrics import Metrics
+
+NOTHING = TenantUsage(live=0, bytes=0)
 
 METERED = "nereus_metered_messages_total"
 
@@ -100,3 +110,54 @@ class Blocks:
     def get(self, tenant: str) -> bool:
         with self._lock:
             return tenant in self._blocked
+
+
+class Reservations:
+    """Quota reserved by batches between their check and their answer, by tenant."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards the two dicts
+        self._checks: dict[str, threading.Lock] = {}
+        self._held: dict[str, TenantUsage] = {}
+
+    def reserve(
+        self, tenant: str, need: TenantUsage, check: Callable[[TenantUsage], None]
+    ) -> Reservation:
+        """Call `check(held)` with what the tenant's other batches hold now; it reads the
+        durable usage itself (after this read of `held`) and raises to refuse. When it
+        returns, `need` is held until the reservation is released."""
+        with self._lock:
+            serial = self._checks.setdefault(tenant, threading.Lock())
+        with serial:
+            check(self.held(tenant))
+            self._add(tenant, need, +1)
+        return Reservation(self, tenant, need)
+
+    def held(self, tenant: str) -> TenantUsage:
+        with self._lock:
+            return self._held.get(tenant, NOTHING)
+
+    def _add(self, tenant: str, need: TenantUsage, sign: int) -> None:
+        with self._lock:
+            held = self._held.get(tenant, NOTHING)
+            now = TenantUsage(held.live + sign * need.live, held.bytes + sign * need.bytes)
+            assert now.live >= 0 and now.bytes >= 0, f"reservations of {tenant!r} below zero"
+            if now == NOTHING:
+                self._held.pop(tenant, None)
+            else:
+                self._held[tenant] = now
+
+
+class Reservation:
+    """One batch's hold on its tenant's quota; `release` once its commit is answered (or
+    failed). Releasing twice releases once."""
+
+    def __init__(self, owner: Reservations, tenant: str, need: TenantUsage) -> None:
+        self._owner = owner
+        self._tenant = tenant
+        self._need: TenantUsage | None = need
+
+    def release(self) -> None:
+        need, self._need = self._need, None
+        if need is not None:
+            self._owner._add(self._tenant, need, -1)

@@ -149,6 +149,18 @@ TIME_RULES = (
         ),
         KERNEL_TESTS,
     ),
+    Mutant(
+        "T8",
+        "a batch is stamped with the tick's opening reading, taken before its commands arrived",
+        "bp is read after arrival: deliverAt >= send + delay; no Admission persisted past expireAt",
+        one(
+            "runtime/shard.py",
+            "        return max(tick.now.now_ms, self.clock.now_ms())",
+            "        return tick.now.now_ms",
+        ),
+        ("tests/test_persistence_time.py", "tests/test_simulator.py"),
+        quick_tests=("tests/test_persistence_time.py",),
+    ),
 )
 
 ADMISSION_CHECKS = (
@@ -497,6 +509,165 @@ BATCHES = (
     ),
 )
 
+# Issue 30, item 5 (rules 5-8): rules an outside review broke without any test noticing.
+CLOCK_TESTS = ("tests/test_runtime_clock.py", "tests/test_clock_props.py")
+SNAPSHOT_TESTS = ("tests/test_storage_snapshot.py", "tests/test_snapshot_durability.py")
+LMDBCHECK_TESTS = ("tests/test_storage_corrupt.py", "tests/test_storage_lmdbcheck.py")
+GRANT_TESTS = ("tests/test_http_auth.py", "tests/test_http_hostile.py")
+GUARDS_ISSUE30_B = (
+    Mutant(
+        "G5",
+        "the system clock's interval is not widened by drift since its last sample",
+        "P1/P2 the trusted interval contains true time (never early, never expired early)",
+        one(
+            "adapters/clock.py",
+            "error_ns = sample.error_ns + int(elapsed_ns * self.drift_ppm / 1_000_000)",
+            "error_ns = sample.error_ns",
+        ),
+        CLOCK_TESTS,
+        quick_tests=("tests/test_clock_props.py",),
+    ),
+    Mutant(
+        "G5b",
+        "the system clock rounds its earliest end up to the next millisecond",
+        "P1/P2 the trusted interval contains true time (never early, never expired early)",
+        one(
+            "adapters/clock.py",
+            "(now_ns - error_ns) // 1_000_000, -((-(now_ns + error_ns)) // 1_000_000)",
+            "-((-(now_ns - error_ns)) // 1_000_000), -((-(now_ns + error_ns)) // 1_000_000)",
+        ),
+        CLOCK_TESTS,
+    ),
+    Mutant(
+        "G6",
+        "a snapshot file is renamed into place without an fsync of its contents",
+        "P3 acknowledged means durable (a snapshot is whole or not there)",
+        one(
+            "storage/snapshot.py",
+            "            f.flush()\n            os.fsync(f.fileno())\n",
+            "            f.flush()\n",
+        ),
+        SNAPSHOT_TESTS,
+    ),
+    Mutant(
+        "G7",
+        "the pre-open check accepts a data file cut by exactly its last page",
+        "P8 a truncated store is refused naming the file, never a SIGBUS",
+        one(
+            "storage/lmdbcheck.py",
+            "    if size >= (meta.last_pg + 1) * meta.psize:",
+            "    if size >= meta.last_pg * meta.psize:",
+        ),
+        LMDBCHECK_TESTS,
+    ),
+    Mutant(
+        "G8",
+        "the admin block route needs the produce grant instead of admin",
+        "P10 a credential does only what its grants allow",
+        one(
+            "adapters/http/contract.py",
+            '        "/api/v1/admin/block",\n        "admin",\n',
+            '        "/api/v1/admin/block",\n        "produce",\n',
+        ),
+        GRANT_TESTS,
+    ),
+)
+
+# Issue 30, item 5 (rules 1-4 and 9): the send lease, and what an evidence search may prove.
+# G1 and G2 were taken (the send gate), so rules 1 and 2 are G1b and G2b.
+EVIDENCE = "adapters/kafka/evidence.py"
+# The rule without a broker first, then the runtime against the real one.
+SETTLE_TESTS = ("tests/test_runtime_settle.py", "tests/test_kafka_settle.py")
+EVIDENCE_TESTS = ("tests/test_kafka_evidence.py", "tests/test_kafka_settle.py")
+GUARDS_ISSUE30_A = (
+    Mutant(
+        "G1b",
+        "an admitted attempt is sent although the shard log no longer proves ownership",
+        "P3/P5 a send only while this owner holds the shard (the send lease)",
+        one(SHARD, "if ready and self.shard_log.send_allowed():", "if ready:"),
+        ("tests/test_runtime_lease.py", "tests/test_kafka_lease.py"),
+        quick_tests=("tests/test_runtime_lease.py",),
+    ),
+    Mutant(
+        "G2b",
+        "an incomplete search counts as the look before an uncertain retry",
+        "P5 duplicates only behind a recorded UNKNOWN, never past a record not looked for",
+        one(
+            RECOVERY,
+            "            if settled.complete:\n"
+            "                self._looked[aid] = settled.started_ms",
+            "            self._looked[aid] = settled.started_ms",
+        ),
+        SETTLE_TESTS,
+        quick_tests=(
+            "tests/test_runtime_settle.py::"
+            "test_an_incomplete_search_is_not_the_look_before_an_uncertain_retry",
+        ),
+    ),
+    Mutant(
+        "G3",
+        "a Kafka search cut short by its bounds or cancelled reports itself complete",
+        "P12 absence only with proof (a complete read after the fence)",
+        one(EVIDENCE, "complete = not ends or len(found) == len(wanted)", "complete = True"),
+        EVIDENCE_TESTS,
+    ),
+    Mutant(
+        "G4",
+        "a Kafka search starts at the admission time, without the clock slack",
+        "P12 absence only with proof (a record stamped before its admission is still read)",
+        one(
+            EVIDENCE,
+            "from_ms = max(since_ms - self._limits.slack_ms, 0)",
+            "from_ms = max(since_ms, 0)",
+        ),
+        EVIDENCE_TESTS,
+    ),
+    Mutant(
+        "G9",
+        "a search's proof of absence is keyed to the destination's current fence",
+        "P12 absence only with proof (under the attempt's own fence)",
+        one(
+            "runtime/settle.py",
+            "proof = outcome.proof_for(want.fence_id) if evidence is None else None",
+            "proof = outcome.proof_for(self.destination.fence_id) if evidence is None else None",
+        ),
+        SETTLE_TESTS,
+        quick_tests=(
+            "tests/test_runtime_settle.py::test_the_settler_keys_every_proof_to_the_attempts_fence",
+        ),
+    ),
+)
+
+# Issue 30, item 4: a Pulsar record's evidence time is never earlier than its own send.
+PULSAR_EVIDENCE = (
+    Mutant(
+        "R4",
+        "a Pulsar search stamps a batched record with its batch's publish time",
+        "P6 evidence is the record's own (never earlier than its send: no false early_delivery)",
+        one(
+            "adapters/pulsar/stamps.py",
+            "own_ms = max(sent_ms, publish_ms)",
+            "own_ms = publish_ms",
+        ),
+        ("tests/test_pulsar_stamps.py", "tests/test_pulsar_evidence.py"),
+    ),
+)
+
+# Issue 30, item 2: one owner per store.
+STORE_LOCK = (
+    Mutant(
+        "K1",
+        "the directory lock is taken shared, so a second writer gets it too",
+        "one owner per store: a second opener of a data directory or shard store is refused",
+        one(
+            "storage/lock.py",
+            "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+            "fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
+        ),
+        ("tests/test_storage_lock.py", "tests/test_store_lock.py"),
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -504,4 +675,8 @@ CATALOGUE: tuple[Mutant, ...] = (
     *RUNTIME,
     *STORAGE,
     *BATCHES,
+    *GUARDS_ISSUE30_A,
+    *GUARDS_ISSUE30_B,
+    *PULSAR_EVIDENCE,
+    *STORE_LOCK,
 )

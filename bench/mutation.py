@@ -144,7 +144,9 @@ def _env(tree: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     env["NEREUS_PURE_PYTHON"] = "1"  # the source, never an extension
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.pop("NEREUS_KAFKA_BOOTSTRAP", None)  # no mutant's tests need the shared broker
+    # The broker addresses stay: a mutant of the Kafka edge (the send lease, the evidence
+    # search) is caught by tests on the real broker, and without them those tests fail
+    # (kafka_env), which stops the run at its baseline rather than judging nothing.
     return env
 
 

@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import msgspec
@@ -228,11 +228,17 @@ def _replay_store(
     path: str, args: argparse.Namespace, show_progress: bool
 ) -> tuple[ReplayResult, str | None]:
     """Replay one store to --to (or its log's end); with --verify, compare it with the store:
-    "ok" or the first difference."""
+    "ok" or the first difference. The store is opened read-only, so this runs beside the
+    service that writes it; --verify compares one read transaction's state with the replay
+    up to that state's own position, which a writer moving on meanwhile changes on neither
+    side."""
     options = StoreOptions(check_invariants_on_open=False)
-    with ShardStore.open(path, options=options, create=False) as store:
-        if args.verify:
-            target = store.meta.position
+    with (
+        ShardStore.open(path, options=options, create=False, read_only=True) as store,
+        store.state_view() if args.verify else nullcontext() as live,
+    ):
+        if live is not None:
+            target = live.meta.position
         else:
             target = store.log_last_position if args.to is None else args.to
         snapshot, first = _snapshot_below(store, target)
@@ -252,12 +258,11 @@ def _replay_store(
                     f"log ends at position {result.position}, before position {target}",
                 )
             verified: str | None = None
-            if args.verify:
-                with store.state_view() as live:
-                    if state_digest(live) == result.digest:
-                        verified = "ok"
-                    else:
-                        verified = first_difference(live, replayed) or "digests differ"
+            if live is not None:
+                if state_digest(live) == result.digest:
+                    verified = "ok"
+                else:
+                    verified = first_difference(live, replayed) or "digests differ"
         return result, verified
 
 

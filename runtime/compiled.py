@@ -65,7 +65,10 @@ def stale(directories: list[Path] | None = None) -> list[str]:
 
 
 def check(directories: list[Path] | None = None) -> None:
-    """Raise StaleBuild when a compiled module would shadow a newer source."""
+    """Raise StaleBuild when a compiled module would shadow a newer source (never while
+    this process imports the source build: `prefer_source`)."""
+    if _source_first():
+        return
     lines = stale(directories)
     if lines:
         raise StaleBuild(
@@ -128,11 +131,16 @@ def prefer_source() -> None:
     early = _imported_compiled()
     if early:
         raise RuntimeError(f"prefer_source() must run before these are imported: {early}")
-    if not any(isinstance(finder, _SourceFirst) for finder in sys.meta_path):
+    if not _source_first():
         sys.meta_path.insert(0, _SourceFirst())
 
 
+def _source_first() -> bool:
+    return any(isinstance(finder, _SourceFirst) for finder in sys.meta_path)
+
+
 def from_environment() -> None:
-    """`NEREUS_PURE_PYTHON=1` in the environment: run the compiled packages from source."""
-    if os.environ.get("NEREUS_PURE_PYTHON"):
+    """`NEREUS_PURE_PYTHON=1` in the environment: run the compiled packages from source.
+    Idempotent: every entry point may call it (the tests, the benches, the simulator)."""
+    if os.environ.get("NEREUS_PURE_PYTHON") and not _source_first():
         prefer_source()

@@ -13,12 +13,15 @@ while its claim is still held here, the trusted clock proves its action time
 the destination's results in the next tick. A broken invariant raises out of `tick()` and
 halts the runtime: restarting replays the log rather than guessing.
 
-Time is an argument: `tick(now)` decides with the reading it is given (`runtime.clock`), and
-the send takes one more reading of the clock source after the commit, so an attempt admitted
-under one reading waits if the clock became less certain meanwhile. Nothing here reads a
-clock of its own; the loop (`runtime.loop`) reads the clock source for each tick and sleeps
-until the next moment the clock lets discovery do something new, and Admissions go before
-queued commands (`runtime.pacing`).
+Time is an argument: `tick(now)` decides with the reading it is given (`runtime.clock`). Two
+more readings of the same clock source are taken inside the tick: when the batch is sealed
+for its commit, which stamps its persistence time (so no record, a client's command that
+arrived while the tick ran included, is stamped before it arrived: `specs/time.md`), and
+after the commit for the send, so an attempt admitted under one reading waits if the clock
+became less certain meanwhile. Nothing here reads a clock of its own; the loop
+(`runtime.loop`) reads the clock source for each tick and sleeps until the next moment the
+clock lets discovery do something new, and Admissions go before queued commands
+(`runtime.pacing`).
 
 The "append + fold" step goes through a `runtime.shardlog.ShardLog`: the embedded LMDB log
 by default, or a Kafka partition (`adapters.kafka.log`), where the tick's records are folded
@@ -291,16 +294,27 @@ class ShardRuntime:
         env = self.store.env
         units = [(start, future.count) for future, start in tick.waiters]
         items, where = batch_runs(tick.items, units)
+        sealed_ms = self._seal_ms(tick)
         entries, results = self.shard_log.commit(
-            items, tick.now.now_ms, lambda txn: self.claims.flush(txn, env.claims)
+            items, sealed_ms, lambda txn: self.claims.flush(txn, env.claims)
         )
-        outcomes = self.effects.run(results, tick.now.now_ms, recovered=self._recovered)
+        outcomes = self.effects.run(results, sealed_ms, recovered=self._recovered)
         for future, start in tick.waiters:
             answers: list[EntryOutcome] = []
             for i in range(start, start + future.count):
                 at, index = where[i]
                 answers.append(outcomes[entries[at].position][index])
             future._set(answers)
+
+    def _seal_ms(self, tick: _Tick) -> int:
+        """The persistence time of the batch being sealed: a reading of the clock source
+        taken now, after every record of the batch arrived, never the tick's opening
+        reading. A command that reached the intake after that reading was taken would
+        otherwise be stamped before it was sent (its deliverAt before send + delay), and an
+        Admission committed past its expireAt could carry a stamp inside it. The tick's
+        reading is the floor, so a clock stepped back meanwhile never stamps earlier than
+        what this tick already decided with (the store clamps against the log as well)."""
+        return max(tick.now.now_ms, self.clock.now_ms())
 
     def _send(self, tick: _Tick, after: ClockReading) -> None:
         """Hand the admitted attempts whose send gate the reading opens to the destination,

@@ -28,7 +28,12 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 
-from nereus.sim.world import SimFailure, World
+from nereus.runtime import compiled
+
+# `NEREUS_PURE_PYTHON=1 python -m nereus.sim` runs the source build: before any kernel import.
+compiled.from_environment()
+
+from nereus.sim.world import SimFailure, World  # noqa: E402
 
 DEFAULT_STEPS = 400
 

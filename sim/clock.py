@@ -47,6 +47,10 @@ class SimClock:
         self.synchronized = True
         self.lie_ms = lie_ms
         self._drift_frac = 0  # sub-millisecond drift carried between advances, ppm*ms
+        # How often the reported clock went back: a check that compares two readings taken
+        # at different moments holds only while this did not change between them.
+        self.back_steps = 0
+        self._reported_ms = self.now_ms()
 
     # The ClockSource the runtime reads ------------------------------------------------------
 
@@ -154,7 +158,15 @@ class SimClock:
         self.drift_ppm = 0
         self.growth_ppm = 0
         self._drift_frac = 0
+        self._note_reported()
 
     def _check_honest(self) -> None:
         # The simulator's own promise; a failure here is a bug in the simulator.
         assert abs(self.offset_ms) <= self.error_ms, (self.offset_ms, self.error_ms)
+        self._note_reported()
+
+    def _note_reported(self) -> None:
+        reported = self.now_ms()
+        if reported < self._reported_ms:
+            self.back_steps += 1
+        self._reported_ms = reported

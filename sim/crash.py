@@ -17,7 +17,8 @@ nothing in memory survives. The points, in the order a tick passes them:
 
 `SimLog` is the runtime's `ShardLog` port over the embedded log, with those three seams, and
 it records the TRUE time at which each position became durable (and whether the clock was
-synchronised then) and the effects the live fold produced, for the end-of-run checks. Its
+synchronised then) and the effects the live fold produced, for the end-of-run checks, and
+notes a commit whose persistence time is earlier than the clock's reading when it began. Its
 `after_commit` callback lets the simulator move the clock in the window between a commit and
 the sends it allows.
 """
@@ -73,9 +74,13 @@ class SimLog(EmbeddedLog):
         committed_at: dict[int, int],
         committed_unsynced: set[int],
         live_effects: dict[int, tuple[Effect, ...]],
+        reported_ms: Callable[[], int],
+        stamp_problems: list[str],
         after_commit: Callable[[list[Applied]], None] | None = None,
     ) -> None:
         super().__init__(store)
+        self.reported_ms = reported_ms
+        self.stamp_problems = stamp_problems
         self.after_commit = after_commit
         self.faults = faults
         self.true_ms = true_ms
@@ -91,6 +96,12 @@ class SimLog(EmbeddedLog):
         also: Callable[[Any], None],
     ) -> tuple[list[LogEntry], list[Applied]]:
         self.faults.hit("before_commit")
+        if now_ms < self.reported_ms():
+            # The batch would be stamped before its commit began, and before commands that
+            # arrived after the stamp's reading (specs/time.md, the seal reading).
+            self.stamp_problems.append(
+                f"a commit stamped {self.reported_ms() - now_ms} ms before the clock when it began"
+            )
 
         def also_then_maybe_die(txn: Any) -> None:
             also(txn)

@@ -4,10 +4,14 @@ Everything is single-threaded and drawn from one `random.Random(seed)`, so a see
 exactly: the runtime's `tick(now)` is called from this loop with a reading of the simulated
 clock (its thread is never started), the clock moves between ticks (and inside one only right
 after a commit, never in true time: the send takes a reading of its own), and the destination
-acknowledges by true time. The runtime reads no clock of its own, so nothing it does depends
-on wall time; its monotonic clock is the simulation's true time.
+acknowledges by true time. On some steps the tick's reading is taken before a client's
+commands arrive and time passes before the tick runs, as on a busy service: the batch must
+be stamped with the later seal reading (`specs/time.md`). The runtime reads no clock of its
+own, so nothing it does depends on wall time; its monotonic clock is the simulation's true
+time.
 
-A step: maybe disturb the clock; maybe submit a client batch; maybe arm a crash for this tick;
+A step: maybe disturb the clock; maybe submit a client batch (maybe after the tick's reading);
+maybe arm a crash for this tick;
 tick (after a commit that admitted attempts the clock may step back, inside its bound, before
 the sends); maybe crash between ticks; collect replies; check the kernel invariants and the
 sends; advance true time (sometimes exactly to an edge: the interval's earliest end on due
@@ -27,13 +31,14 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Sequence
 
+from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import Effect, EntryOutcome, Publish
 from nereus.kernel.keys import parse_timeline_key
 from nereus.kernel.model import Message, Status, Table
-from nereus.kernel.records import LaneGate, ShardState, encode_entry
+from nereus.kernel.records import LaneGate, Reschedule, Schedule, ShardState, encode_entry
 from nereus.kernel.timing import TimingLimits
-from nereus.runtime.clock import read_clock
+from nereus.runtime.clock import ClockReading, read_clock
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.errors import RuntimeHalted
 from nereus.runtime.intake import CommandFuture
@@ -62,6 +67,7 @@ KERNEL = KernelConfig(
     backoff_max_ms=1_600,
 )
 SETTLE_TICKS = 2_000
+_NEW_GENERATION = (Code.SCHEDULED, Code.RESCHEDULED)
 TRACE_LINES = 80
 
 
@@ -113,6 +119,9 @@ class World:
         # how often time is advanced to exactly an edge of the rules.
         self.step_back_rate = rng.choice((0.0, 0.3, 0.8)) if edge_faults else 0.0
         self.edge_rate = rng.choice((0.0, 0.15, 0.4)) if edge_faults else 0.0
+        # How often a client's commands arrive after the tick took its reading, and time
+        # passes before the batch is sealed (as on a busy service).
+        self.late_arrival_rate = rng.choice((0.0, 0.3, 0.8)) if edge_faults else 0.0
         self.runtime_config = RuntimeConfig(
             owner="sim",
             # Small per-tick budgets on some seeds, so a backlog builds up behind them.
@@ -138,6 +147,9 @@ class World:
         self.replies: dict[tuple[int, int], EntryOutcome] = {}
         self.client = Client(rng, KERNEL, self.stats)
         self.outstanding: list[tuple[list[Appendable], CommandFuture]] = []
+        # A submission's reported clock, and the clock's back steps then (`_check_arrival`).
+        self.submitted: dict[CommandFuture, tuple[int, int]] = {}
+        self.stamp_problems: list[str] = []
         self.path = os.path.join(root, "shard")
         self.step_no = 0
         self._writes_checked = 0
@@ -168,6 +180,8 @@ class World:
             committed_at=self.committed_at,
             committed_unsynced=self.committed_unsynced,
             live_effects=self.live_effects,
+            reported_ms=self.clock.now_ms,
+            stamp_problems=self.stamp_problems,
             after_commit=self._after_commit,
         )
         self.runtime = ShardRuntime(
@@ -184,6 +198,8 @@ class World:
         self.destination.close()
         self.store.close()
         lost, self.outstanding = self.outstanding, []
+        for _items, future in lost:
+            self.submitted.pop(future, None)
         try:
             self._open()  # ShardStore.open re-checks the invariants of what it restores
         except Exception as exc:
@@ -194,7 +210,9 @@ class World:
                 self._submit(items)
 
     def _submit(self, items: list[Appendable]) -> None:
-        self.outstanding.append((items, self.runtime.submit(items)))
+        future = self.runtime.submit(items)
+        self.submitted[future] = (self.clock.now_ms(), self.clock.back_steps)
+        self.outstanding.append((items, future))
 
     def trace(self, line: str) -> None:
         line = f"[{self.step_no} t={self.clock.true_ms}] {line}"
@@ -217,13 +235,20 @@ class World:
     def _step(self) -> None:
         rng = self.rng
         self._disturb_clock()
+        reading: ClockReading | None = None
         if rng.random() < self.command_rate:
+            if self.late_arrival_rate and rng.random() < self.late_arrival_rate:
+                # The tick's reading is taken first; the commands arrive while it gathers.
+                reading = read_clock(self.clock)
             batch = self.client.batch(self.clock.now_ms())
             self.trace(f"submit {[type(r).__name__ for r, _ in batch]}")
             self._submit(batch)
+            if reading is not None:
+                self.stats["commands_after_the_ticks_reading"] += 1
+                self.clock.advance(rng.randint(1, 40))
         if rng.random() < self.crash_rate:
             self.faults.armed = rng.choice(CRASH_POINTS)
-        if self._tick() and rng.random() < self.crash_rate / 3:
+        if self._tick(reading) and rng.random() < self.crash_rate / 3:
             # After a send, before its outcome is seen, when acknowledgements are in flight.
             point = "between_ticks_" + ("acks_pending" if self.destination.pending() else "idle")
             self.stats[f"crash_{point}"] += 1
@@ -284,11 +309,12 @@ class World:
                     edges.append(("earliest", m.expire_at_ms, "clock_landed_earliest_on_expire_at"))
         return edges
 
-    def _tick(self) -> bool:
-        """One runtime tick; False if the process crashed in it (and was restarted)."""
+    def _tick(self, reading: ClockReading | None = None) -> bool:
+        """One runtime tick, with `reading` if one was taken before (else one taken now);
+        False if the process crashed in it (and was restarted)."""
         self.stats["ticks"] += 1
         try:
-            self.runtime.tick(read_clock(self.clock))
+            self.runtime.tick(reading or read_clock(self.clock))
         except SimCrash as crash:
             self._restart(crash.point)
             return False
@@ -341,16 +367,41 @@ class World:
             if not future.done():
                 waiting.append((items, future))
                 continue
+            submitted = self.submitted.pop(future)
             try:
                 outcomes = future.result(0)
             except RuntimeHalted:
                 continue  # the process died in that tick: the client heard nothing
             for outcome in outcomes:
                 self.replies[(outcome.position, outcome.index)] = outcome
+            self._check_arrival(items, outcomes, submitted)
         self.outstanding = waiting
 
+    def _check_arrival(
+        self, items: list[Appendable], outcomes: list[EntryOutcome], submitted: tuple[int, int]
+    ) -> None:
+        """A relative schedule's deliverAt is never before the clock at its submission plus
+        its delay: its persistence time is read after it arrived. Judged only while the
+        reported clock has not gone back since the submission (a stepped-back host clock
+        moves every stamp, this rule's premise)."""
+        submitted_ms, back_steps = submitted
+        if self.clock.back_steps != back_steps:
+            return
+        for (record, _payload), outcome in zip(items, outcomes, strict=True):
+            if outcome.code not in _NEW_GENERATION or outcome.deliver_at_ms is None:
+                continue
+            delay_ms = getattr(record, "delay_ms", None)
+            if not isinstance(record, Schedule | Reschedule) or delay_ms is None:
+                continue
+            self.stats["reach_deliver_at_after_arrival"] += 1
+            early_ms = submitted_ms + delay_ms - outcome.deliver_at_ms
+            if early_ms > 0:
+                self.stamp_problems.append(
+                    f"{outcome.message_id}: deliverAt {early_ms} ms before submission + delay"
+                )
+
     def _check(self) -> None:
-        problems = step_problems(self.store) + self.broker.problems
+        problems = step_problems(self.store) + self.broker.problems + self.stamp_problems
         # The descriptor's own deliverAt, at once (the audit restates it from the log).
         for w in self.broker.writes[self._writes_checked :]:
             if not w.dlq and w.true_ms < w.deliver_at_ms:

@@ -3,6 +3,10 @@
 Theory of operation: everything a shard needs to restart exactly — its log, its materialized
 tables, payload bytes, local claims and the store header — lives in one environment, so one
 write transaction can change any of it atomically and one `sync` makes it durable.
+
+A writer owns the store's directory while the environment is open (`storage.lock`, the file
+`LOCK` beside `data.mdb`); readers (`read_only`: audits, exports) open it read-only beside a
+running writer and take no lock.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import lmdb
 from nereus.kernel.model import TABLES, Table
 from nereus.storage.errors import StoreError
 from nereus.storage.lmdbcheck import check_data_file
+from nereus.storage.lock import DirectoryLock, holder, lock_directory
 from nereus.storage.preflight import check_structure as walk_structure
 from nereus.storage.schema import HEADER_KEY, check_schema
 
@@ -26,6 +31,7 @@ META_DB = b"meta"  # header keys -> framed structs
 LANE_TIMELINE_DB = b"lane_timeline"  # tenant NUL queue NUL timeline key -> b""
 TIMER_INDEX_DB = b"timer_index"  # tenant NUL queue NUL timer key -> message id (live only)
 EXTRA_DBS = (LOG_DB, PAYLOAD_BYTES_DB, CLAIMS_DB, META_DB, LANE_TIMELINE_DB, TIMER_INDEX_DB)
+_NAMES = [t.value.encode() for t in TABLES] + list(EXTRA_DBS)
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class Env:
     meta: Any
     lane_timeline: Any
     timer_index: Any
+    # The directory's exclusive lock, held by a writer until `close`; None: a read-only open.
+    lock: DirectoryLock | None = None
 
     data_file: str = field(init=False)  # every error names it: worked out once
 
@@ -57,8 +65,14 @@ class Env:
         )
         return dbs
 
+    @property
+    def read_only(self) -> bool:
+        return self.lock is None
+
     def close(self) -> None:
         self.env.close()
+        if self.lock is not None:
+            self.lock.release()  # after the environment: nothing of ours writes here now
 
 
 def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) -> None:
@@ -87,8 +101,19 @@ def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) ->
 
 
 def open_env(
-    path: str, *, map_size_bytes: int, sync: bool, create: bool, check_structure: bool = True
+    path: str,
+    *,
+    map_size_bytes: int,
+    sync: bool,
+    create: bool,
+    check_structure: bool = True,
+    read_only: bool = False,
 ) -> Env:
+    """Open the store's environment at `path`. A writer (the default) first takes the
+    directory's exclusive lock (`storage.lock`), held until `Env.close`, so one process, and
+    one open in it, writes a store at a time; `read_only` takes no lock and can only read."""
+    if read_only and create:
+        raise ValueError("a read-only open cannot create a store")
     data_file = os.path.join(path, "data.mdb")
     if not os.path.isdir(path):
         if not create:
@@ -96,10 +121,36 @@ def open_env(
         os.makedirs(path, exist_ok=True)
     elif not create and not os.path.exists(data_file):
         raise StoreError(data_file, "no store here (data file missing)")
-    check_data_file(data_file)
-    names = [t.value.encode() for t in TABLES] + list(EXTRA_DBS)
-    if check_structure:
-        walk_structure(path, data_file, names)
+    writer = holder(path) if read_only else None
+    if writer is not None and writer.pid == os.getpid():
+        raise StoreError(
+            path, "this process has the store open for writing: read through that open"
+        )
+    lock = None if read_only else lock_directory(path)
+    try:
+        # A live writer's file grows and reuses pages under a raw read; that writer checked
+        # the file when it opened it, and the structure walk below reads through LMDB.
+        if writer is None:
+            check_data_file(data_file)
+        if check_structure:
+            walk_structure(path, data_file, _NAMES)
+        return _open_lmdb(path, data_file, map_size_bytes, sync=sync, create=create, lock=lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _open_lmdb(
+    path: str,
+    data_file: str,
+    map_size_bytes: int,
+    *,
+    sync: bool,
+    create: bool,
+    lock: DirectoryLock | None,
+) -> Env:
+    names = _NAMES
     try:
         env = lmdb.open(
             path,
@@ -109,13 +160,14 @@ def open_env(
             metasync=sync,
             readahead=False,
             create=create,
+            readonly=lock is None,
         )
     except lmdb.Error as exc:
         raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc
     try:
         _refuse_foreign(env, data_file, set(names), create)
-        tables = {t: env.open_db(t.value.encode()) for t in TABLES}
-        extra = {name: env.open_db(name) for name in EXTRA_DBS}
+        tables = {t: env.open_db(t.value.encode(), create=create) for t in TABLES}
+        extra = {name: env.open_db(name, create=create) for name in EXTRA_DBS}
     except lmdb.Error as exc:
         env.close()
         raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc
@@ -132,4 +184,5 @@ def open_env(
         meta=extra[META_DB],
         lane_timeline=extra[LANE_TIMELINE_DB],
         timer_index=extra[TIMER_INDEX_DB],
+        lock=lock,
     )

@@ -13,7 +13,9 @@ Theory of operation:
   broken invariant), the transaction is aborted and nothing of the batch is written.
 * **Open** refuses, with the file and the reason, anything it cannot trust: a truncated or
   non-LMDB file, a store of another shard, an unknown schema, another kernel configuration,
-  an applied position outside the log, a damaged header.
+  an applied position outside the log, a damaged header. A writer owns the store's
+  directory from open to close (`storage.lock`); a `read_only` open takes no lock and never
+  writes (an older schema it would have to migrate is refused instead).
 
 `fault_hook`, when a test sets it, is called by name between the steps of every durable
 write: `append` (log entries put), `fold` (the folded rows put), `meta` (the new ShardMeta
@@ -113,9 +115,13 @@ class ShardStore:
         options: StoreOptions | None = None,
         create: bool = True,
         created_at_ms: int = 0,
+        read_only: bool = False,
     ) -> ShardStore:
         """`shard_id` None accepts whichever shard the store belongs to (audit tools); a
-        new store without one is shard "0"."""
+        new store without one is shard "0". A writer owns the store's directory until
+        `close` (a second writer, here or in another process, is refused with
+        `storage.lock.StoreLocked`); `read_only` (with create=False) takes no lock, reads
+        beside a running writer and refuses every write."""
         options = options or StoreOptions()
         env = open_env(
             path,
@@ -123,6 +129,7 @@ class ShardStore:
             sync=options.sync,
             create=create,
             check_structure=options.check_structure_on_open,
+            read_only=read_only,
         )
         try:
             with lmdb_refusal(env.data_file, "open"):
@@ -153,7 +160,7 @@ class ShardStore:
         """`config` None means: use the configuration recorded in the store (or the
         default for a new one)."""
         data_file = env.data_file
-        with env.env.begin(write=True) as txn:
+        with env.env.begin(write=not env.read_only) as txn:
             raw = txn.get(HEADER_KEY, db=env.meta)
             if raw is None:
                 if _holds_data(txn, env):
@@ -161,19 +168,9 @@ class ShardStore:
                 if not create:
                     raise StoreError(data_file, "no Nereus store here")
                 config = config or KernelConfig()
-                header = StoreHeader(
-                    schema_version=SCHEMA_VERSION,
-                    store_id=uuid.uuid4().hex,
-                    shard_id=shard_id or "0",
-                    config_fingerprint=config.fingerprint(),
-                    created_at_ms=created_at_ms,
-                    config=config,
-                )
-                txn.put(HEADER_KEY, encode_value(header), db=env.meta)
-                txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
-                txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)
+                header = _new_header(txn, env, shard_id or "0", config, created_at_ms)
             else:
-                header = migrate(txn, env, check_schema(raw, data_file))
+                header = _current_header(txn, env, raw)
                 config = config or header.config
         if 3 * config.max_identity_bytes + 2 + 32 > MAX_KEY_BYTES:
             raise StoreError(
@@ -735,6 +732,36 @@ class ShardStore:
     def set_log_info(self, txn: Any, info: LogInfo) -> None:
         txn.put(LOG_INFO_KEY, encode_value(info), db=self._env.meta)
         self.log_info = info
+
+
+def _new_header(
+    txn: Any, env: Env, shard_id: str, config: KernelConfig, created_at_ms: int
+) -> StoreHeader:
+    """Write the header, meta and log info of a new store in `txn`; returns the header."""
+    header = StoreHeader(
+        schema_version=SCHEMA_VERSION,
+        store_id=uuid.uuid4().hex,
+        shard_id=shard_id,
+        config_fingerprint=config.fingerprint(),
+        created_at_ms=created_at_ms,
+        config=config,
+    )
+    txn.put(HEADER_KEY, encode_value(header), db=env.meta)
+    txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
+    txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)
+    return header
+
+
+def _current_header(txn: Any, env: Env, raw: bytes) -> StoreHeader:
+    """The stored header, checked and (by a writer, in `txn`) migrated to this version."""
+    header = check_schema(raw, env.data_file)
+    if env.read_only and header.schema_version != SCHEMA_VERSION:
+        raise StoreError(
+            env.data_file,
+            f"store schema version {header.schema_version} must be migrated to "
+            f"{SCHEMA_VERSION} first, by opening it for writing (a service start)",
+        )
+    return migrate(txn, env, header)
 
 
 def _must(raw: bytes | None, path: str, what: str) -> bytes:

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,40 @@ def schedule_many(proc: ServiceProc, keys: list[str], delay_ms: int, batch: int 
         assert all(r["status"] == "scheduled" for r in results), results
 
 
+def keys_on_shards(
+    prefix: str, n: int, shard_count: int, shards: set[int] | None = None
+) -> list[str]:
+    """n timer keys `prefix0`, `prefix1`, ... of the reminders queue whose shards are all in
+    `shards` (None: any shard)."""
+    keys: list[str] = []
+    i = 0
+    while len(keys) < n:
+        key = f"{prefix}{i}"
+        if shards is None or shard_for(TENANT, "reminders", key, shard_count) in shards:
+            keys.append(key)
+        i += 1
+    return keys
+
+
+def all_delivered(procs: list[ServiceProc], keys: list[str]) -> Callable[[], bool]:
+    """A predicate for `wait_until`: every key DELIVERED, asked of whichever live process
+    answers for its shard (keys found DELIVERED are not asked again)."""
+    left = set(keys)
+
+    def check() -> bool:
+        for k in list(left):
+            for proc in procs:
+                if proc.proc is None or proc.proc.poll() is not None:
+                    continue
+                status, doc = proc.http("GET", f"/api/v1/timers/reminders/{k}")
+                if status == 200 and doc.get("status") == "DELIVERED":
+                    left.discard(k)
+                    break
+        return not left
+
+    return check
+
+
 def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -482,6 +517,28 @@ def check_stores_are_prefixes(a: Audit, data_dirs: list[Path], *, where: str) ->
             assert result.digest == digest, f"{where}: {path} differs from the Kafka log"
             checked += 1
     return checked
+
+
+def writes_after_takeover(
+    a: Audit, shards: set[int], old: set[str], new: set[str]
+) -> list[LoggedEntry]:
+    """Records a tenure in `old` wrote into one of `shards` after the first record a tenure
+    in `new` wrote there (a deposed owner writing past its successor). Every shard must have
+    a record of a `new` tenure."""
+    late: list[LoggedEntry] = []
+    for p in sorted(shards):
+        logged = a.logs[p]
+        first_new = next(
+            (i for i, x in enumerate(logged) if _tenure(x) in new),
+            None,
+        )
+        assert first_new is not None, f"no new tenure ever wrote to shard {p}"
+        late.extend(x for x in logged[first_new:] if _tenure(x) in old)
+    return late
+
+
+def _tenure(x: LoggedEntry) -> str:
+    return x.envelope.request_id.partition(":")[0]
 
 
 def schedules_in_log(a: Audit) -> int:

@@ -4,7 +4,8 @@
 under test), `pages_past_eof` says how many pages the newest meta counts that the file does
 not hold, and `build_short_store` makes a real shard store in that state: a commit schedules
 a large payload and cancels it, so LMDB allocates an overflow run at the end of the file and
-frees it again before the commit writes it.
+frees it again before the commit writes it. `build_full_store` makes the ordinary kind, whose
+file holds every page up to the last one counted.
 
 `lmdb_verdict` asks LMDB itself, in a forked child, whether it can read every row of the
 main database and of each named database and, with `write`, also commit a write transaction
@@ -86,6 +87,23 @@ def build_short_store(path: Path) -> None:
                 T0_MS + i,
             )
     assert pages_past_eof(path / "data.mdb") > 0, "the write pattern no longer leaves a gap"
+
+
+def build_full_store(path: Path) -> None:
+    """A shard store written the ordinary way, whose file holds every page its newest meta
+    counts: its last page is one the last commit wrote (LMDB puts the free list's new root
+    there), so a copy cut by exactly that page is one LMDB cannot write to."""
+    rng = random.Random(16)
+    with ShardStore.open(str(path)) as store:
+        for i in range(KEPT):
+            items = [
+                schedule_record(
+                    "q", f"full{i}-{j}", rng.randbytes(rng.choice((50, 3_000))), delay_ms=3_600_000
+                )
+                for j in range(10)
+            ]
+            store.commit(items, T0_MS + i)
+    assert pages_past_eof(path / "data.mdb") == 0, "the write pattern now leaves a gap"
 
 
 @dataclass(frozen=True)

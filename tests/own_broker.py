@@ -3,10 +3,12 @@
 `scripts/kafka` on two free loopback ports with its state in a temporary directory, never
 the shared broker the other Kafka tests use, and always stopped at the end; with `sasl`, a
 third port where clients must authenticate (SASL_PLAINTEXT, PLAIN, one user `SASL_USER`
-with `SASL_PASSWORD`). `Broker` can
-stop it keeping its data and start it again from the same command line (`scripts/kafka
-start` would reformat its storage), and pause and resume it (SIGSTOP / SIGCONT: a broker
-that stops answering without closing a connection).
+with `SASL_PASSWORD`); with `proxy_port`, a listener advertised at that port instead of its
+own, for a TCP proxy in front of it (`tests.tcp_proxy`: clients that connect through the
+proxy stay behind it, so the test can cut them off while others reach the broker directly).
+`Broker` can stop it keeping its data and start it again from the same command line
+(`scripts/kafka start` would reformat its storage), and pause and resume it (SIGSTOP /
+SIGCONT: a broker that stops answering without closing a connection).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Broker:
     state: Path
     env: dict[str, str]
     sasl_bootstrap: str | None = None  # the SASL_PLAINTEXT listener, if asked for
+    proxied_port: int | None = None  # the listener advertised at a proxy's port, if asked for
 
     @property
     def pidfile(self) -> Path:
@@ -131,8 +134,10 @@ def own_broker_fixture(name: str, *, sasl: bool = False) -> object:
     return fixture
 
 
-def new_broker(state: Path, *, sasl: bool = False) -> Broker:
-    """A broker (not started) on free loopback ports, its state under `state`."""
+def new_broker(state: Path, *, sasl: bool = False, proxy_port: int | None = None) -> Broker:
+    """A broker (not started) on free loopback ports, its state under `state`; with
+    `proxy_port`, one more listener (`Broker.proxied_port`) that tells its clients to connect
+    to 127.0.0.1:`proxy_port`."""
     port, controller = free_port(), free_port()
     env = dict(os.environ)
     env.update(
@@ -150,13 +155,26 @@ def new_broker(state: Path, *, sasl: bool = False) -> Broker:
             NEREUS_KAFKA_SASL_PASSWORD=SASL_PASSWORD,
         )
         sasl_bootstrap = f"127.0.0.1:{sasl_port}"
-    return Broker(f"127.0.0.1:{port}", state, env, sasl_bootstrap)
+    proxied_port = None
+    if proxy_port is not None:
+        proxied_port = free_port()
+        env.update(
+            NEREUS_KAFKA_PROXIED_PORT=str(proxied_port),
+            NEREUS_KAFKA_PROXIED_ADVERTISED=f"127.0.0.1:{proxy_port}",
+        )
+    return Broker(f"127.0.0.1:{port}", state, env, sasl_bootstrap, proxied_port)
 
 
 def _run_broker(
     tmp_path_factory: pytest.TempPathFactory, name: str, sasl: bool = False
 ) -> Iterator[Broker]:
-    broker = new_broker(tmp_path_factory.mktemp(name) / "broker", sasl=sasl)
+    with running(new_broker(tmp_path_factory.mktemp(name) / "broker", sasl=sasl)) as broker:
+        yield broker
+
+
+@contextlib.contextmanager
+def running(broker: Broker) -> Iterator[Broker]:
+    """Start `broker`; stop it (and remove its data) however the block ends."""
     try:
         broker.script("start")
         yield broker

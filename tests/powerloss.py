@@ -6,7 +6,10 @@ into a child, keeps beside each tracked file (by default every `data.mdb` the ch
 for writing) a shadow holding only what was made durable: written bytes reach the shadow at
 fsync/fdatasync, through an O_DSYNC descriptor or at msync, never otherwise. After the child
 is killed, `cut_power` puts each shadow in place of its file and removes LMDB's lock file,
-as a machine that lost power and booted again would find them.
+as a machine that lost power and booted again would find them. A rename reaches the disk
+only when its directory is synced (the shim then renames the shadow); `cut_power_folder`
+gives a folder whose files are all tracked its power-loss image: each file under its durable
+name with its durable bytes, and no file whose name never became durable.
 
 The shim is compiled by the first test that needs it, with the machine's C compiler, into
 a directory of the session; where there is no compiler the test is skipped with that reason,
@@ -90,6 +93,20 @@ def cut_power(shadows: Path, *files: Path) -> None:
             lock.unlink()
 
 
+def cut_power_folder(shadows: Path, folder: Path) -> None:
+    """Make `folder`, every file of which the dead writer tracked (a name pattern of its
+    `child_env`), what a power loss would have left: each file whose name became durable
+    holds its durable bytes, and a file whose name never became durable is gone."""
+    real = folder.resolve()
+    named = {Path(shadow.name.replace("%", "/")): shadow for shadow in shadows.iterdir()}
+    durable = {path: shadow for path, shadow in named.items() if path.parent == real}
+    for path in real.iterdir():
+        if path not in durable:
+            path.unlink()
+    for path, shadow in durable.items():
+        shutil.copyfile(shadow, path)
+
+
 def _read_acks(proc: subprocess.Popen[bytes], count: int, where: str) -> list[str]:
     """The child's next `count` ack lines (it keeps writing meanwhile)."""
     assert proc.stdout is not None
@@ -110,12 +127,22 @@ def _read_acks(proc: subprocess.Popen[bytes], count: int, where: str) -> list[st
 
 
 def acks_then_power_loss(
-    command: list[str], shadows: Path, acks: int, where: str, *files: Path
+    command: list[str],
+    shadows: Path,
+    acks: int,
+    where: str,
+    *files: Path,
+    names: tuple[str, ...] = ("data.mdb",),
 ) -> list[str]:
-    """Run `command` under the power-loss shim, SIGKILL it after its `acks`-th ack line,
-    and cut the power on `files`; returns the ack lines it printed."""
+    """Run `command` under the power-loss shim (tracking the files `names` match), SIGKILL
+    it after its `acks`-th ack line, and cut the power on `files`; returns the ack lines it
+    printed."""
     proc = subprocess.Popen(
-        command, cwd=ROOT, env=child_env(shadows), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        command,
+        cwd=ROOT,
+        env=child_env(shadows, names),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         wait_ready(proc, where, 30)

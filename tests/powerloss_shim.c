@@ -14,14 +14,23 @@
  * process (it is a plain file), so a later process opened on the cut image goes on from it.
  *
  * Which files: NEREUS_POWERLOSS_SHADOWS names a directory for the shadows; a file opened for
- * writing whose base name is in NEREUS_POWERLOSS_NAMES (colon-separated, default data.mdb)
- * is tracked, its shadow named after its absolute path. A shadow made at the first open
- * copies the file as it is then (what was there before this process is taken as durable).
+ * writing whose base name matches a pattern of NEREUS_POWERLOSS_NAMES (colon-separated
+ * fnmatch patterns, default data.mdb) is tracked, its shadow named after its absolute path.
+ * A shadow made at the first open copies the file as it is then (what was there before this
+ * process is taken as durable).
+ *
+ * Names: a rename of a tracked file changes what the process sees at once, but the disk
+ * keeps the old name until the directory holding the new one is fsynced (or sync, syncfs):
+ * only then is the shadow renamed too, replacing any shadow of the new name. So the shadow
+ * directory always holds each file under its durable name, with its durable bytes; a rename
+ * made durable before the bytes were (no fsync of the file first) leaves the new name with
+ * whatever the shadow holds, an empty or partial file, as a real file system may.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -33,8 +42,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define MAX_FILES 32
+#define MAX_FILES 256
 #define MAX_FDS 65536
+#define MAX_RENAMES 256
 
 struct range {
     off_t off;
@@ -42,7 +52,8 @@ struct range {
 };
 
 struct tracked {
-    char path[PATH_MAX];
+    char path[PATH_MAX];    /* its name as the process sees it */
+    char durable[PATH_MAX]; /* its name on disk after a power loss (its shadow's name) */
     int read_fd;   /* the real file, for copying durable bytes out of it */
     int shadow_fd; /* the power-loss image */
     int mapped_writable;
@@ -52,6 +63,12 @@ struct tracked {
 
 static struct tracked files[MAX_FILES];
 static int nfiles;
+struct pending_rename {
+    int file; /* index into files */
+    char to[PATH_MAX];
+};
+static struct pending_rename renames[MAX_RENAMES];
+static int nrenames;
 static int fd_file[MAX_FDS]; /* 1 + index into files; 0: untracked */
 static char fd_sync[MAX_FDS];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -73,6 +90,9 @@ static void (*real_sync)(void);
 static int (*real_syncfs)(int);
 static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
 static void *(*real_mmap64)(void *, size_t, int, int, int, off_t);
+static int (*real_rename)(const char *, const char *);
+static int (*real_renameat)(int, const char *, int, const char *);
+static int (*real_renameat2)(int, const char *, int, const char *, unsigned int);
 
 static char shadow_dir[PATH_MAX];
 static char names[1024] = "data.mdb";
@@ -94,6 +114,9 @@ static void init(void) {
     real_syncfs = dlsym(RTLD_NEXT, "syncfs");
     real_mmap = dlsym(RTLD_NEXT, "mmap");
     real_mmap64 = dlsym(RTLD_NEXT, "mmap64");
+    real_rename = dlsym(RTLD_NEXT, "rename");
+    real_renameat = dlsym(RTLD_NEXT, "renameat");
+    real_renameat2 = dlsym(RTLD_NEXT, "renameat2");
     const char *dir = getenv("NEREUS_POWERLOSS_SHADOWS");
     if (dir != NULL) snprintf(shadow_dir, sizeof shadow_dir, "%s", dir);
     const char *n = getenv("NEREUS_POWERLOSS_NAMES");
@@ -112,12 +135,15 @@ static int wanted(const char *path) {
     if (shadow_dir[0] == '\0') return 0;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    size_t blen = strlen(base);
     const char *p = names;
     while (*p) {
         const char *end = strchr(p, ':');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == blen && strncmp(p, base, len) == 0) return 1;
+        char pattern[256];
+        if (len >= sizeof pattern) die("a name pattern of 256 bytes or more");
+        memcpy(pattern, p, len);
+        pattern[len] = '\0';
+        if (fnmatch(pattern, base, 0) == 0) return 1;
         if (!end) break;
         p = end + 1;
     }
@@ -132,6 +158,31 @@ static void absolute(const char *path, char *out) {
         if (getcwd(cwd, sizeof cwd) == NULL) die("getcwd");
         snprintf(out, PATH_MAX, "%s/%s", cwd, path);
     }
+}
+
+/* `path` absolute, its directory resolved as realpath(3) would (the file may not exist):
+ * the form a synced directory's /proc/self/fd link takes, and Path.resolve()'s. */
+static void resolved(const char *path, char *out) {
+    char abs[PATH_MAX], dir[PATH_MAX], real[PATH_MAX];
+    absolute(path, abs);
+    char *slash = strrchr(abs, '/');
+    size_t dlen = (size_t)(slash - abs);
+    memcpy(dir, abs, dlen);
+    dir[dlen] = '\0';
+    if (realpath(dlen ? dir : "/", real) == NULL) {
+        snprintf(out, PATH_MAX, "%s", abs);
+        return;
+    }
+    snprintf(out, PATH_MAX, "%s/%s", strcmp(real, "/") == 0 ? "" : real, slash + 1);
+}
+
+/* The shadow of the file whose durable name is `abs`. */
+static void shadow_name(const char *abs, char *out, size_t size) {
+    char mangled[PATH_MAX];
+    size_t j = 0;
+    for (const char *c = abs; *c && j + 1 < sizeof mangled; c++) mangled[j++] = *c == '/' ? '%' : *c;
+    mangled[j] = '\0';
+    snprintf(out, size, "%s/%s", shadow_dir, mangled);
 }
 
 static void copy_range(struct tracked *t, off_t off, off_t len) {
@@ -196,7 +247,7 @@ static void track(int fd, const char *path, int flags) {
     if (fd < 0 || fd >= MAX_FDS) return;
     if ((flags & O_ACCMODE) == O_RDONLY || !wanted(path)) return;
     char abs[PATH_MAX];
-    absolute(path, abs);
+    resolved(path, abs);
     pthread_mutex_lock(&mu);
     int index = -1;
     for (int i = 0; i < nfiles; i++)
@@ -206,12 +257,9 @@ static void track(int fd, const char *path, int flags) {
         struct tracked *t = &files[nfiles];
         memset(t, 0, sizeof *t);
         snprintf(t->path, sizeof t->path, "%s", abs);
+        snprintf(t->durable, sizeof t->durable, "%s", abs);
         char shadow[PATH_MAX + 64];
-        char mangled[PATH_MAX];
-        size_t j = 0;
-        for (const char *c = abs; *c && j + 1 < sizeof mangled; c++) mangled[j++] = *c == '/' ? '%' : *c;
-        mangled[j] = '\0';
-        snprintf(shadow, sizeof shadow, "%s/%s", shadow_dir, mangled);
+        shadow_name(abs, shadow, sizeof shadow);
         t->read_fd = real_open(abs, O_RDONLY | O_CLOEXEC);
         if (t->read_fd < 0) die("open of the real file for reading");
         int existed = access(shadow, F_OK) == 0;
@@ -353,14 +401,21 @@ static int synced(int fd, int r) {
     return r;
 }
 
+static void synced_directory(int fd);
+static void commit_renames(const char *dir);
+
 int fsync(int fd) {
     ensure_init();
-    return synced(fd, real_fsync(fd));
+    int r = synced(fd, real_fsync(fd));
+    if (r == 0) synced_directory(fd);
+    return r;
 }
 
 int fdatasync(int fd) {
     ensure_init();
-    return synced(fd, real_fdatasync(fd));
+    int r = synced(fd, real_fdatasync(fd));
+    if (r == 0) synced_directory(fd);
+    return r;
 }
 
 static void flush_mapped(void) {
@@ -382,6 +437,7 @@ void sync(void) {
     real_sync();
     pthread_mutex_lock(&mu);
     for (int i = 0; i < nfiles; i++) flush(&files[i]);
+    commit_renames(NULL);
     pthread_mutex_unlock(&mu);
 }
 
@@ -391,6 +447,7 @@ int syncfs(int fd) {
     if (r == 0) {
         pthread_mutex_lock(&mu);
         for (int i = 0; i < nfiles; i++) flush(&files[i]);
+        commit_renames(NULL);
         pthread_mutex_unlock(&mu);
     }
     return r;
@@ -415,4 +472,82 @@ void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
     ensure_init();
     mapped(fd, prot, flags);
     return real_mmap64(addr, len, prot, flags, fd, off);
+}
+
+/* Renames ------------------------------------------------------------------------------- */
+
+/* A tracked file now goes by `to` in the process; on disk, once `to`'s directory is synced. */
+static void renamed(const char *from, const char *to) {
+    char abs_from[PATH_MAX], abs_to[PATH_MAX];
+    resolved(from, abs_from);
+    resolved(to, abs_to);
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nfiles; i++) {
+        if (strcmp(files[i].path, abs_from) != 0) continue;
+        if (nrenames == MAX_RENAMES) die("too many renames waiting for a directory sync");
+        snprintf(files[i].path, sizeof files[i].path, "%s", abs_to);
+        renames[nrenames].file = i;
+        snprintf(renames[nrenames].to, sizeof renames[nrenames].to, "%s", abs_to);
+        nrenames++;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* The waiting renames into directory `dir` (every one if NULL) are durable now: each
+ * shadow takes its file's new name, in the order the renames were made. Holds `mu`. */
+static void commit_renames(const char *dir) {
+    int kept = 0;
+    for (int r = 0; r < nrenames; r++) {
+        struct pending_rename *p = &renames[r];
+        const char *slash = strrchr(p->to, '/');
+        size_t dlen = slash ? (size_t)(slash - p->to) : 0;
+        int here = dir == NULL || (strlen(dir) == dlen && strncmp(dir, p->to, dlen) == 0);
+        if (!here) {
+            renames[kept++] = *p;
+            continue;
+        }
+        struct tracked *t = &files[p->file];
+        char old_shadow[PATH_MAX + 64], new_shadow[PATH_MAX + 64];
+        shadow_name(t->durable, old_shadow, sizeof old_shadow);
+        shadow_name(p->to, new_shadow, sizeof new_shadow);
+        if (real_rename(old_shadow, new_shadow) != 0) die("rename of a shadow");
+        snprintf(t->durable, sizeof t->durable, "%s", p->to);
+    }
+    nrenames = kept;
+}
+
+static void synced_directory(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) return;
+    char link[64], dir[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, dir, sizeof dir - 1);
+    if (n < 0) die("readlink of a synced directory");
+    dir[n] = '\0';
+    pthread_mutex_lock(&mu);
+    commit_renames(dir);
+    pthread_mutex_unlock(&mu);
+}
+
+int rename(const char *from, const char *to) {
+    ensure_init();
+    int r = real_rename(from, to);
+    if (r == 0) renamed(from, to);
+    return r;
+}
+
+int renameat(int fromfd, const char *from, int tofd, const char *to) {
+    ensure_init();
+    int r = real_renameat(fromfd, from, tofd, to);
+    int plain = (fromfd == AT_FDCWD || from[0] == '/') && (tofd == AT_FDCWD || to[0] == '/');
+    if (r == 0 && plain) renamed(from, to);
+    return r;
+}
+
+int renameat2(int fromfd, const char *from, int tofd, const char *to, unsigned int flags) {
+    ensure_init();
+    int r = real_renameat2(fromfd, from, tofd, to, flags);
+    int plain = (fromfd == AT_FDCWD || from[0] == '/') && (tofd == AT_FDCWD || to[0] == '/');
+    if (r == 0 && plain) renamed(from, to);
+    return r;
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from nereus.kernel.records import LogEntry
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Send
 from nereus.runtime.shard import ShardRuntime
+from nereus.runtime.shardlog import ShardLog
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import Appendable, ShardStore
 from tests.service_worker import send_problem
@@ -54,12 +55,14 @@ class Harness:
         config: RuntimeConfig | None = None,
         store_options: StoreOptions | None = None,
         destination_cls: type[LocalDestination] = LocalDestination,
+        shard_log: Callable[[ShardStore], ShardLog] | None = None,
     ) -> None:
         self.root = root
         self.clock = clock
         self.config = config
         self.store_options = store_options
         self.destination_cls = destination_cls
+        self.shard_log = shard_log
         self.sends: list[Send] = []
         self.problems: list[dict[str, Any]] = []
         self.crash_before_write = False
@@ -70,7 +73,10 @@ class Harness:
         self.destination = self.destination_cls(
             str(self.root / "destination"), before_send=self._before_send
         )
-        self.runtime = ShardRuntime(self.store, self.destination, self.clock, config=self.config)
+        log = self.shard_log(self.store) if self.shard_log is not None else None
+        self.runtime = ShardRuntime(
+            self.store, self.destination, self.clock, config=self.config, shard_log=log
+        )
 
     def _before_send(self, sends: Sequence[Send]) -> None:
         with self.store.read() as view:

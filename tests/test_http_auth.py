@@ -88,6 +88,71 @@ def test_the_grant_table(svc: Service, token: str) -> None:
             assert reply.status == 200, (route, token, reply.body[:300])
 
 
+# The grant table of specs/http.md written out, never read from ROUTES: for each route, the
+# class it needs and the answer each credential gets, in the order of CREDENTIALS.
+CREDENTIALS = ("acme-all", "acme-producer", "acme-reader", "acme-admin", "acme-nothing", None)
+OK = (200, None)
+NO_GRANT = (403, "missing_grant")
+DLQ_REFUSED = (403, "dlq_replay_refused")
+NO_TOKEN = (401, "unauthorized")
+GRANT_TABLE: dict[tuple[str, str], tuple[str, tuple[tuple[int, str | None], ...]]] = {
+    # route: (class, (all, producer, reader, admin, nothing, no credential))
+    ("POST", "/api/v1/timers"): (
+        "produce", (OK, OK, NO_GRANT, NO_GRANT, NO_GRANT, NO_TOKEN)
+    ),
+    ("DELETE", "/api/v1/timers/{queue}/{timerKey}"): ("any", (OK, OK, OK, OK, OK, NO_TOKEN)),
+    ("GET", "/api/v1/timers/{queue}/{timerKey}"): (
+        "read", (OK, NO_GRANT, OK, NO_GRANT, NO_GRANT, NO_TOKEN)
+    ),
+    ("GET", "/api/v1/timers/{queue}"): (
+        "read", (OK, NO_GRANT, OK, NO_GRANT, NO_GRANT, NO_TOKEN)
+    ),
+    ("GET", "/api/v1/admin/metering"): (
+        "admin", (OK, NO_GRANT, NO_GRANT, OK, NO_GRANT, NO_TOKEN)
+    ),
+    ("PUT", "/api/v1/admin/block"): (
+        "admin", (OK, NO_GRANT, NO_GRANT, OK, NO_GRANT, NO_TOKEN)
+    ),
+    ("POST", "/api/v1/dlq/{queue}/{timerKey}/replay"): (
+        "any", (DLQ_REFUSED,) * 5 + (NO_TOKEN,)
+    ),
+    ("GET", "/healthz"): ("public", (OK,) * 6),
+    ("GET", "/metrics"): ("public", (OK,) * 6),
+    ("GET", "/openapi.json"): ("public", (OK,) * 6),
+}  # fmt: skip
+
+
+def test_the_grant_table_as_written_in_the_spec() -> None:
+    """Each route needs the class the spec gives it: a route added, dropped or moved to
+    another class must be written here too."""
+    assert {(r.method, r.path): r.needs for r in ROUTES} == {
+        route: needs for route, (needs, _) in GRANT_TABLE.items()
+    }
+    assert [TOKENS[t][2] for t in CREDENTIALS if t is not None] == [
+        ["produce", "read", "admin"],
+        ["produce"],
+        ["read"],
+        ["admin"],
+        [],
+    ]
+
+
+@pytest.mark.parametrize("route", list(GRANT_TABLE), ids="_".join)
+def test_each_credential_gets_the_answer_the_grant_table_gives(
+    svc: Service, route: tuple[str, str]
+) -> None:
+    method, _ = route
+    path, body = REQUESTS[route]
+    _, answers = GRANT_TABLE[route]
+    for token, (status, code) in zip(CREDENTIALS, answers, strict=True):
+        reply = svc.call(method, path, body, token=token)
+        assert (reply.status, reply.code) == (status, code), (
+            route,
+            token,
+            reply.body[:300],
+        )
+
+
 def test_a_token_without_any_grant_can_still_cancel(svc: Service) -> None:
     (r,) = svc.post(schedule("cleanup/1"), token="acme-producer")
     assert r["status"] == "scheduled"

@@ -5,12 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,6 +17,7 @@ from nereus.adapters.tenancy import ConfigError, Tenancy, load_tenancy, parse_te
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.timing import TimingLimits
 from tests.http_harness import KEY_B64, config
+from tests.serve_process import serve, stop, wait_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -229,51 +224,6 @@ def test_serve_without_config_refuses_a_non_loopback_address(
     assert "loopback" in line["detail"] and "--config" in line["detail"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "nereus",
-            "serve",
-            "--data",
-            str(tmp_path / "data"),
-            "--http",
-            f"127.0.0.1:{port}",
-            "--assume-clock-error-ms",
-            "5",
-            *args,
-        ],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    return proc, port
-
-
-def _wait_serving(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    assert proc.stderr is not None
-    lines: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(json.loads(line))
-        if lines[-1]["event"] == "serving":
-            return lines
-    proc.kill()
-    raise AssertionError(f"never served: {lines}")
-
-
 def _get(port: int, path: str, token: str | None = None) -> int:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
     if token is not None:
@@ -285,20 +235,11 @@ def _get(port: int, path: str, token: str | None = None) -> int:
         return err.code
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def test_serve_with_a_config_authenticates(tmp_path: Path) -> None:
     text = GOOD_TOML.replace('token = "clear-text-token"', 'token = "s3cret"')
-    proc, port = _serve(tmp_path, "--config", _write(tmp_path, text))
+    proc, port = serve(tmp_path / "data", "--config", _write(tmp_path, text))
     try:
-        lines = _wait_serving(proc)
+        lines = wait_serving(proc)
         events = [r["event"] for r in lines]
         assert "auth_disabled" not in events
         (tenancy,) = [r for r in lines if r["event"] == "tenancy"]
@@ -309,14 +250,14 @@ def test_serve_with_a_config_authenticates(tmp_path: Path) -> None:
         assert _get(port, "/api/v1/timers/reminders/k", "s3cret") == 200
         assert _get(port, "/healthz") == 200
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_serve_without_a_config_logs_auth_disabled(tmp_path: Path) -> None:
-    proc, port = _serve(tmp_path)
+    proc, port = serve(tmp_path / "data")
     try:
-        lines = _wait_serving(proc)
+        lines = wait_serving(proc)
         assert "auth_disabled" in [r["event"] for r in lines]
         assert _get(port, "/api/v1/timers/reminders/k") == 200  # no credential needed
     finally:
-        _stop(proc)
+        stop(proc)

@@ -1,5 +1,6 @@
 """The HTTP server under bursts, slow clients and hostile bytes, over real sockets: one test
-per defect a conformance run found on the old thread-per-connection server (issue 16).
+per defect a conformance run found on the old thread-per-connection server (issue 16); and a
+tenant's own credentials reaching for the admin routes their grants do not open.
 
 Load sizes come from the environment; their defaults are the sizes at which the old server
 failed (500 concurrent connections, 200 slowloris connections), so CI runs the failure scale:
@@ -283,6 +284,20 @@ _HOSTILE: dict[str, tuple[bytes, int, str]] = {
         400,
         "malformed_request",
     ),
+    # Obsolete line folding (issue 31): h11 joins a line that starts with a space or tab to
+    # the one before, so the credential below was accepted and the Transfer-Encoding read
+    # as part of X-A, where a proxy in front may read it as a header of its own.
+    "folded credential": (
+        b"GET /api/v1/timers/q/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer\r\n acme-all\r\n\r\n",
+        400,
+        "malformed_request",
+    ),
+    "folded transfer-encoding": (
+        b"POST /api/v1/timers HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"X-A: 1\r\n\tTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+        "malformed_request",
+    ),
 }
 
 
@@ -340,3 +355,46 @@ def test_metrics_cover_requests_commits_and_the_process(svc: Service) -> None:
     (line,) = [x for x in text.splitlines() if x.startswith("process_start_time_seconds ")]
     start = float(line.split()[1])
     assert time.time() - 3600 < start <= time.time()
+
+
+# Who may block the tenant's producing (specs/http.md, the grant table): only a credential
+# holding `admin`. Written out here, never read from the route table.
+MAY_BLOCK = {
+    "acme-all": True,
+    "acme-admin": True,
+    "acme-producer": False,
+    "acme-reader": False,
+    "acme-nothing": False,
+}
+
+
+@pytest.mark.parametrize("token", list(MAY_BLOCK))
+def test_a_credential_without_the_admin_grant_cannot_block_its_tenant(
+    svc: Service, token: str
+) -> None:
+    """A tenant's own producer (or reader, or a token with no grant) reaching for the admin
+    routes: blocking is refused and changes nothing, unblocking too, and metering stays
+    closed to it. An admin credential's block takes hold at once."""
+    may = MAY_BLOCK[token]
+    probe = {"operations": [schedule(f"block-probe/{token}")]}
+    try:
+        reply = svc.call("PUT", "/api/v1/admin/block", {"blocked": True}, token=token)
+        produced = svc.call("POST", "/api/v1/timers", probe, token="acme-all")
+        if may:
+            assert reply.status == 200, reply.body[:300]
+            assert (produced.status, produced.code) == (403, "produce_blocked")
+        else:
+            assert (reply.status, reply.code) == (403, "missing_grant"), reply.body[:300]
+            assert produced.status == 200, produced.body[:300]
+        svc.call("PUT", "/api/v1/admin/block", {"blocked": True}, token="acme-admin")
+        unblock = svc.call("PUT", "/api/v1/admin/block", {"blocked": False}, token=token)
+        produced = svc.call("POST", "/api/v1/timers", probe, token="acme-all")
+        if may:
+            assert unblock.status == 200 and produced.status == 200, produced.body[:300]
+        else:
+            assert (unblock.status, unblock.code) == (403, "missing_grant")
+            assert (produced.status, produced.code) == (403, "produce_blocked")
+    finally:
+        svc.call("PUT", "/api/v1/admin/block", {"blocked": False}, token="acme-admin")
+    metering = svc.call("GET", "/api/v1/admin/metering", token=token)
+    assert (metering.status, metering.code) == ((200, None) if may else (403, "missing_grant"))

@@ -180,8 +180,10 @@ def test_over_quota_refuses_producing_batches_whole_but_never_cancels(tmp_path: 
 def test_byte_quota(tmp_path: Path) -> None:
     with start_service(tmp_path, config(acme={"max_bytes": 10})) as svc:
         svc.post(schedule("a", payload=b"x" * 9))
-        svc.post(schedule("b", payload=b"x" * 5))  # 9 < 10: admitted; soft by the batch
-        _blocked(svc, [schedule("c", payload=b"")], 403, "over_quota")
+        # The batch counts itself: 9 + 5 bytes would pass 10, so nothing of it goes in.
+        _blocked(svc, [schedule("b", payload=b"x" * 5)], 403, "over_quota")
+        svc.post(schedule("b", payload=b"x"))  # 9 + 1 reaches 10 exactly: admitted
+        _blocked(svc, [schedule("c", payload=b"")], 403, "over_quota")  # at the quota
         assert svc.call("DELETE", timer_path("a")).doc["status"] == "canceled"
         svc.post(schedule("c", payload=b""))
 

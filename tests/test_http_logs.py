@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nereus.adapters.local.embedded import Nereus
-from tests.test_http_config import _serve, _stop, _wait_serving
+from tests.serve_process import serve, stop, wait_serving
 
 BODY = b'{"operations":[{"op":"schedule","queue":"q","timerKey":"k%d","delayMs":60000}]}'
 
@@ -59,19 +59,19 @@ def _abuse(port: int) -> None:
 
 
 def test_every_line_the_service_writes_is_one_json_object(tmp_path: Path) -> None:
-    proc, port = _serve(tmp_path)
+    proc, port = serve(tmp_path / "data")
     assert proc.stderr is not None
     stderr = proc.stderr
     lines: list[str] = []
     # Read as it comes: a full pipe would block the service's logging.
     reader = threading.Thread(target=lambda: lines.extend(stderr))
     try:
-        _wait_serving(proc)
+        wait_serving(proc)
         reader.start()
         _abuse(port)
         time.sleep(0.5)
     finally:
-        _stop(proc)
+        stop(proc)
     reader.join(30)
     records = [json.loads(line) for line in lines]  # raises on any line that is not JSON
     assert all(isinstance(r, dict) and {"ts", "level", "event"} <= set(r) for r in records)
@@ -84,6 +84,36 @@ def test_every_line_the_service_writes_is_one_json_object(tmp_path: Path) -> Non
     assert len(access) >= 160 and {r["status"] for r in access} <= {200, 400}
     assert any(r["event"] == "http_refused" for r in records)
     assert records[-1]["event"] == "stopped"
+
+
+def test_a_credential_in_the_query_never_reaches_the_access_log(tmp_path: Path) -> None:
+    """A credential sent in the query (refused where the API checks credentials, ignored
+    here, where it does not) is logged with its request's target: the value is written
+    `[redacted]`, under any spelling of the name (issue 31)."""
+    targets = {
+        "/api/v1/timers/q/k?access_token=S3CRET-A": "/api/v1/timers/q/k?access_token=[redacted]",
+        "/api/v1/timers/q?after=a&TOKEN=S3CRET-B": "/api/v1/timers/q?after=a&TOKEN=[redacted]",
+        "/healthz?api-key=S3CRET-C&x=1": "/healthz?api-key=[redacted]&x=1",
+        "/api/v1/timers/q?password=S3CRET-D;sig=S3CRET-E": (
+            "/api/v1/timers/q?password=[redacted];sig=[redacted]"
+        ),
+        "/api/v1/timers/q?after=a&limit=5": "/api/v1/timers/q?after=a&limit=5",
+    }
+    proc, port = serve(tmp_path / "data")
+    assert proc.stderr is not None
+    try:
+        wait_serving(proc)
+        for target in targets:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                s.recv(65536)
+    finally:
+        stop(proc)
+    text = proc.stderr.read()
+    assert "S3CRET" not in text
+    logged = [json.loads(line) for line in text.splitlines()]
+    access = [r["target"] for r in logged if r["event"] == "http_request"]
+    assert access == list(targets.values())
 
 
 def test_the_library_logs_through_the_logging_module(

@@ -30,6 +30,7 @@ from tests.kafka_cluster import (
     wait_until,
 )
 from tests.kafka_env import create_topic, unique_topic
+from tests.lifeline_worker import pipe_ends
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
 
@@ -161,6 +162,14 @@ def test_a_supervisor_killed_outright_takes_its_processes_with_it(
         sup.start().wait_serving()
         wait_until(lambda: len(_serving(sup)) == PROCESSES, 60, "both processes serving")
         pids = list(_serving(sup).values())
+        # Each process holds the read end of the supervisor's lifeline and never the write end
+        # (a process holding it would keep the pipe open past the supervisor's death).
+        assert sup.proc is not None
+        ends = pipe_ends(sup.proc.pid)
+        lifelines = [inode for inode, held in ends.items() if held == {"r", "w"}]
+        assert len(lifelines) == 1, ends
+        for pid in pids:
+            assert pipe_ends(pid).get(lifelines[0]) == {"r"}, (pid, pipe_ends(pid))
         sup.kill()  # SIGKILL: no chance to stop its processes itself
         wait_until(
             lambda: all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in pids),

@@ -32,22 +32,21 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nereus.adapters.kafka.wire import shard_for
 from tests import kafka_env
 from tests.kafka_cluster import (
-    TENANT,
     Audit,
     ServiceProc,
     Topics,
+    all_delivered,
     audit,
     check_delivery,
     check_stores_are_prefixes,
+    keys_on_shards,
     metric_sum,
     open_obligations,
     recovery_figures,
@@ -69,32 +68,7 @@ dest_broker = own_broker_fixture("kafka-destination")
 
 
 def _keys(prefix: str, n: int, shards: set[int] | None = None) -> list[str]:
-    keys: list[str] = []
-    i = 0
-    while len(keys) < n:
-        key = f"{prefix}{i}"
-        if shards is None or shard_for(TENANT, "reminders", key, SHARDS) in shards:
-            keys.append(key)
-        i += 1
-    return keys
-
-
-def _delivered(procs: list[ServiceProc], keys: list[str]) -> Callable[[], bool]:
-    """Every key DELIVERED, asked of whichever process answers for its shard."""
-    left = set(keys)
-
-    def check() -> bool:
-        for k in list(left):
-            for proc in procs:
-                if proc.proc is None or proc.proc.poll() is not None:
-                    continue
-                status, doc = proc.http("GET", f"/api/v1/timers/reminders/{k}")
-                if status == 200 and doc.get("status") == "DELIVERED":
-                    left.discard(k)
-                    break
-        return not left
-
-    return check
+    return keys_on_shards(prefix, n, SHARDS, shards)
 
 
 def _fire_and_kill(
@@ -190,7 +164,7 @@ def test_kill_mid_fire_and_restart(
         a.start().wait_serving()
         # New timers, due at once: the restarted owner fires them while it settles.
         schedule_many(a, after, delay_ms=0)
-        wait_until(_delivered([a], keys + after), 180, "every timer DELIVERED")
+        wait_until(all_delivered([a], keys + after), 180, "every timer DELIVERED")
         # Each shard's commits (fold + Kafka transaction) are timed in /metrics.
         assert metric_sum(a, "nereus_commit_duration_seconds_count") > 0
     finally:
@@ -222,7 +196,7 @@ def test_kill_and_takeover_by_the_other_process(
         wait_until(lambda: b.active_shards() == set(range(SHARDS)), 60, "b owns every shard")
         taken_ms = int(time.time() * 1000)
         schedule_many(b, after, delay_ms=0)
-        wait_until(_delivered([b], keys + after), 180, "every timer DELIVERED")
+        wait_until(all_delivered([b], keys + after), 180, "every timer DELIVERED")
     finally:
         a.kill()
         b.stop()
@@ -274,7 +248,7 @@ def test_rejoin_rebalances_while_clients_keep_scheduling(
                 break
             time.sleep(0.05)
         assert a.active_shards(), "no shard moved back to the rejoined process"
-        wait_until(_delivered([a, b], keys), 180, "every timer DELIVERED")
+        wait_until(all_delivered([a, b], keys), 180, "every timer DELIVERED")
     finally:
         a.stop()
         b.stop()
@@ -325,7 +299,7 @@ def test_sigterm_during_recovery_stops_within_the_stop_timeout(
         assert code == 0 and stopped, a.log_tail()
         assert took_s < 20, took_s
         a.start().wait_serving()
-        wait_until(_delivered([a], keys), 180, "every timer DELIVERED")
+        wait_until(all_delivered([a], keys), 180, "every timer DELIVERED")
     finally:
         a.stop()
     result = _audit(kafka_bootstrap, dest_broker, topics)

@@ -39,7 +39,6 @@ from confluent_kafka import Producer
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.log import FROM_MEMORY, KafkaLog, KafkaLogConfig
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
-from nereus.adapters.kafka.wire import shard_for
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import AttemptStatus
@@ -54,9 +53,11 @@ from tests.kafka_cluster import (
     audit,
     check_delivery,
     check_stores_are_prefixes,
+    keys_on_shards,
     read_shard_log,
     schedule_op,
     wait_until,
+    writes_after_takeover,
 )
 from tests.kafka_env import create_topic, unique_topic
 from tests.seeds import seed_from_env
@@ -262,14 +263,7 @@ def _pair(
 
 def _keys_of(owner: set[int], prefix: str, n: int) -> list[str]:
     """n timer keys whose shards are all in `owner`."""
-    keys: list[str] = []
-    i = 0
-    while len(keys) < n:
-        key = f"{prefix}{i}"
-        if shard_for(TENANT, "reminders", key, SHARDS) in owner:
-            keys.append(key)
-        i += 1
-    return keys
+    return keys_on_shards(prefix, n, SHARDS, owner)
 
 
 def test_stopping_one_process_moves_its_shards_to_the_other(
@@ -388,15 +382,8 @@ def test_a_zombie_owner_is_fenced_and_sends_nothing_after_waking(
     def tenure(x: Any) -> str:
         return str(x.envelope.request_id.split(":")[0])
 
-    for p in a_shards:
-        logged = audit_.logs[p]
-        first_new = min(
-            (i for i, x in enumerate(logged) if tenure(x) in takeover_tenures),
-            default=len(logged),
-        )
-        assert first_new < len(logged), f"b never wrote to shard {p}"
-        late = [x for x in logged[first_new:] if tenure(x) in zombie_tenures]
-        assert not late, f"the zombie wrote to shard {p} after b took it: {late[:3]}"
+    late = writes_after_takeover(audit_, a_shards, zombie_tenures, takeover_tenures)
+    assert not late, f"the zombie wrote to a shard after b took it: {late[:3]}"
     # Nothing the zombie started after waking reached the destination: a record it published
     # after SIGCONT is of an attempt admitted before SIGSTOP (a send already under way).
     admitted: dict[str, tuple[str, int]] = {}

@@ -32,6 +32,7 @@ KINDS = {
     "S": "durability",
     "B": "transaction boundaries",
     "M": "batch records and the row memo (issue 19)",
+    "K": "one owner per store (issue 30, item 2)",
 }
 
 

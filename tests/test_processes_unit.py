@@ -42,10 +42,10 @@ def test_each_process_gets_the_command_line_without_the_supervisors_own_options(
         "serve", "--kafka", "b:9092", "--processes", "3", "--data", "/d", "--http=0.0.0.0:80",
         "--topic", "q=t", "--processes=3",
     ]  # fmt: skip
-    assert child_argv(argv, "/d/process-1", 7, "/d/siblings", "process-1") == [
+    assert child_argv(argv, "/d/process-1", 7, "/d/siblings", "process-1", lifeline_fd=8) == [
         "serve", "--kafka", "b:9092", "--topic", "q=t",
         "--data", "/d/process-1", "--http-fd", "7", "--sibling-dir", "/d/siblings",
-        "--process-name", "process-1",
+        "--process-name", "process-1", "--supervisor-fd", "8",
     ]  # fmt: skip
 
 

@@ -8,8 +8,10 @@ environment) and asserts a `StoreError` whose message names the file and the pro
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from nereus.storage.errors import CorruptRecord, StoreError
 from nereus.storage.schema import HEADER_KEY, StoreOptions
 from nereus.storage.store import ShardStore
 from tests.builders import QUEUE, T0_MS, TENANT, mid, schedule
+from tests.lmdb_files import lmdb_verdict, newest_meta, pages_past_eof
 
 PAYLOAD = b"payload"
 MIDDLE_MARKER = "middle-marker-5f1c2a"
@@ -121,6 +124,57 @@ def test_a_truncated_data_file_is_refused(built: Built) -> None:
         f.truncate(size // 2)
     error = refused(built.path)
     assert_names(error, built.data_file, "truncated", f"{size // 2} bytes")
+
+
+def open_and_write(path: Path) -> str:
+    """What opening the store and committing one write do, asked in a forked child (a
+    SIGBUS there is an answer, not the end of the test run): "refused: <message>",
+    "wrote", or the name of the signal that killed it."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, never return
+        code = 0
+        try:
+            os.close(read_fd)
+            faulthandler.disable()
+            try:
+                with ShardStore.open(str(path), create=False) as store:
+                    store.commit([(schedule("after-the-cut"), PAYLOAD)], T0_MS + 10)
+                said = "wrote"
+            except StoreError as exc:
+                said = f"refused: {exc}"
+            os.write(write_fd, said.encode())
+        except BaseException as exc:
+            os.write(write_fd, repr(exc).encode()[:2000])
+            code = 3
+        os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        said = pipe.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return signal.Signals(os.WTERMSIG(status)).name
+    return said
+
+
+@pytest.mark.parametrize("pages_cut", [1, 2])
+def test_a_data_file_cut_by_its_last_pages_is_refused_before_a_write_dies(
+    built: Built, pages_cut: int
+) -> None:
+    """The file of a store written the ordinary way holds every page its newest meta counts,
+    and its last commit wrote the last ones (LMDB puts the free list's new root at the end):
+    a copy that lost exactly those is one LMDB can still read but whose first write dies of
+    SIGBUS, because a writer reads the free list. The open must refuse it, naming the file,
+    before anything is written."""
+    psize = newest_meta(built.data_file).psize
+    assert pages_past_eof(built.data_file) == 0
+    size = built.data_file.stat().st_size - pages_cut * psize
+    with built.data_file.open("r+b") as f:
+        f.truncate(size)
+    assert lmdb_verdict(built.path, write=True).signal == "SIGBUS", "the cut pages are needed"
+    answer = open_and_write(built.path)
+    refusal = f"refused: {built.data_file}: truncated: the file is {size} bytes"
+    assert answer.startswith(refusal), answer
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from nereus.storage.lmdbcheck import check_data_file
 from nereus.storage.store import ShardStore
 from tests.lmdb_files import (
     KEPT,
+    build_full_store,
     build_short_store,
     kept_payload,
     lmdb_verdict,
@@ -35,10 +36,11 @@ from tests.lmdb_files import (
 SHARD_DATABASES = 14
 
 
-def build_short_env(path: Path) -> None:
+def build_short_env(path: Path, *, gap: bool = True) -> None:
     """An LMDB environment of another shape, written with python-lmdb directly: values of
     every size, a DUPSORT database with sub-trees of duplicates and a DUPFIXED one, then a
-    commit that puts and deletes a 300 KB value once the free list has pages to reuse."""
+    commit that puts and deletes a 300 KB value once the free list has pages to reuse (with
+    `gap`; without, the file holds every page up to the last one counted)."""
     rng = random.Random(3)
     env = lmdb.open(str(path), map_size=1 << 30, max_dbs=8)
     plain = env.open_db(b"plain")
@@ -53,11 +55,12 @@ def build_short_env(path: Path) -> None:
     with env.begin(write=True) as txn:
         for i in range(0, 300, 2):
             txn.delete(b"k%04d" % i, db=plain)
-    with env.begin(write=True) as txn:
-        txn.put(b"big", rng.randbytes(300_000), db=plain)
-        txn.delete(b"big", db=plain)
+    if gap:
+        with env.begin(write=True) as txn:
+            txn.put(b"big", rng.randbytes(300_000), db=plain)
+            txn.delete(b"big", db=plain)
     env.close()
-    assert pages_past_eof(path / "data.mdb") > 0, "the write pattern no longer leaves a gap"
+    assert (pages_past_eof(path / "data.mdb") > 0) == gap, "the write pattern changed"
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +74,20 @@ def short_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def short_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("env") / "env"
     build_short_env(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def full_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("full-store") / "shard"
+    build_full_store(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def full_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("full-env") / "env"
+    build_short_env(path, gap=False)
     return path
 
 
@@ -192,7 +209,7 @@ def test_a_truncated_short_store_is_refused_naming_the_file(
     assert caught.value.path == str(cut)
 
 
-@pytest.mark.parametrize("source", ["short_store", "short_env"])
+@pytest.mark.parametrize("source", ["short_store", "short_env", "full_store", "full_env"])
 def test_every_cut_is_refused_exactly_when_lmdb_would_crash(
     request: pytest.FixtureRequest, tmp_path: Path, source: str, steps: str
 ) -> None:
@@ -200,7 +217,9 @@ def test_every_cut_is_refused_exactly_when_lmdb_would_crash(
     read in full and write to (the cuts that remove only free pages leave a complete file)
     and refuses the others, which make LMDB die of SIGBUS. A cut inside a page counts that
     page as missing: it gets the verdict of the cut at the page's start (LMDB would read
-    zeros for the rest of the page, not the page that was written)."""
+    zeros for the rest of the page, not the page that was written). The full files (every
+    page up to the newest meta's last one present) have the cut that removes exactly their
+    last page, which their last commit wrote and a writer needs."""
     path: Path = request.getfixturevalue(source)
     data_file = path / "data.mdb"
     psize = newest_meta(data_file).psize
@@ -218,6 +237,9 @@ def test_every_cut_is_refused_exactly_when_lmdb_would_crash(
             assert verdict.signal == "SIGBUS", where
         accepted[page] = error is None
     assert accepted[pages] and not all(accepted.values()), accepted
+    if source.startswith("full"):
+        assert pages_past_eof(data_file) == 0
+        assert not accepted[pages - 1], "the last page of a full file must be needed"
     for page in [*range(2, pages, 4), pages - 1]:
         for inside in (1, psize // 2, psize - 1):
             copy = cut_copy(path, page * psize + inside, tmp_path / "cut")

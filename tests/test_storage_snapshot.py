@@ -10,7 +10,9 @@ equal store, and be refused (naming the line) when a line is missing or garbled.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -197,6 +199,58 @@ def test_a_snapshot_under_another_configuration_is_refused(store: ShardStore) ->
     path, _ = write_snapshot(store)
     with pytest.raises(StoreError, match="another kernel configuration"):
         read_snapshot(path, k.KernelConfig(max_attempts=2))
+
+
+def test_a_snapshot_is_synced_before_its_rename_and_its_folder_after(
+    store: ShardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replacing a file atomically and durably takes three steps in this order: fsync the
+    new file's bytes, rename it to its name, fsync the folder holding the name. A rename
+    before the bytes are synced may leave the name on an empty or partial file after a
+    power loss; without the folder's fsync the name may not survive at all (the power-loss
+    test of the same rule is tests/test_snapshot_durability.py)."""
+    fill(store, 300)
+    events: list[tuple[str, int, int]] = []  # (what, inode, size) in the order they happened
+    real = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace", "rename")}
+
+    def synced(fd: int) -> None:
+        info = os.fstat(fd)
+        events.append(("dir sync" if stat.S_ISDIR(info.st_mode) else "file sync", *_id(info)))
+
+    def fsync(fd: int) -> None:
+        real["fsync"](fd)
+        synced(fd)
+
+    def fdatasync(fd: int) -> None:
+        real["fdatasync"](fd)
+        synced(fd)
+
+    def renamer(name: str) -> Callable[[str, str], None]:
+        def rename(source: str, target: str) -> None:
+            moved = os.stat(source)
+            real[name](source, target)
+            events.append(("rename", *_id(moved)))
+
+        return rename
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "replace", renamer("replace"))
+    monkeypatch.setattr(os, "rename", renamer("rename"))
+    path, _ = write_snapshot(store)
+    monkeypatch.undo()
+    snapshot = _id(os.stat(path))
+    folder = _id(os.stat(os.path.dirname(path)))
+    assert snapshot[1] > 10_000, "the snapshot is too small to take more than one write"
+    assert events == [
+        ("file sync", *snapshot),  # every byte it will ever have, synced
+        ("rename", *snapshot),  # then given its name
+        ("dir sync", *folder),  # then the name made durable
+    ], events
+
+
+def _id(info: os.stat_result) -> tuple[int, int]:
+    return info.st_ino, info.st_size
 
 
 # Compaction: the Recovery Floor ------------------------------------------------------------

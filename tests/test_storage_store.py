@@ -172,12 +172,14 @@ def test_apply_pending_never_exceeds_the_configured_bound(tmp_path: Path) -> Non
 
 _SECOND_HANDLE = """
 import sys
+from nereus.runtime import compiled
+compiled.from_environment()
 from nereus.kernel.model import Table
 from nereus.storage.base import LmdbBase
 from nereus.storage.codec import decode_struct
 from nereus.storage.schema import SHARD_META_KEY, StoreOptions
 from nereus.storage.store import ShardStore
-with ShardStore.open(sys.argv[1], create=False) as store, store.read() as base:
+with ShardStore.open(sys.argv[1], create=False, read_only=True) as store, store.read() as base:
     attempt = base.get(Table.ATTEMPTS, sys.argv[2].encode())
     print(store.meta.position, attempt.status if attempt else None)
 """

@@ -9,18 +9,22 @@ Reads of a shard another process owns go to that process over a private loopback
 (`adapters.kafka.siblings`), registered in DATA/siblings with a token made fresh at each start;
 a scrape of /metrics gathers every process's metrics over the same ports and merges them.
 
-Each process keeps its own data directory, DATA/process-<i>, across restarts, so a restarted
-process rejoins the group under the same static member id and reopens its stores. A process
-that exits is started again after `RESTART_BACKOFF_S` (its shards are taken over by the
-others meanwhile, or handed back to it when it rejoins within the session timeout). SIGTERM
-or SIGINT stops every process (each within its own `--stop-timeout-s`), then the supervisor,
-which exits 0 when every process stopped cleanly.
+The supervisor owns DATA (`storage.lock`) while it runs, and each process its own data
+directory, DATA/process-<i>, which it keeps across restarts, so a restarted process rejoins
+the group under the same static member id and reopens its stores. A process that exits is
+started again after `RESTART_BACKOFF_S` (its shards are taken over by the others meanwhile,
+or handed back to it when it rejoins within the session timeout). SIGTERM or SIGINT stops
+every process (each within its own `--stop-timeout-s`), then the supervisor, which exits 0
+when every process stopped cleanly. A supervisor that dies without stopping them (SIGKILL, the
+OOM killer) takes them with it: each process holds the read end of a pipe whose write end only
+the supervisor holds (`--supervisor-fd`), sees its end-of-file when the kernel closes the
+supervisor's descriptors, and stops as on SIGTERM; the parent-death signal is a second link
+(`adapters.cli.lifeline`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import secrets
 import shutil
@@ -33,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from nereus.adapters.cli.lifeline import die_with_parent, lifeline_pipe
 from nereus.adapters.http.server import bind_socket
 from nereus.adapters.kafka.siblings import (
     TOKEN_ENV,
@@ -41,20 +46,23 @@ from nereus.adapters.kafka.siblings import (
     Siblings,
 )
 from nereus.runtime.log import Logger
+from nereus.storage.errors import StoreError
+from nereus.storage.lock import lock_directory
 
 if TYPE_CHECKING:
     from nereus.adapters.http.api import TimerApi
     from nereus.adapters.kafka.service import KafkaService
 
 RESTART_BACKOFF_S = 1.0
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # Options of the supervisor's own command line that its processes get in another form.
 _OWN_OPTIONS = ("--processes", "--data", "--http")
 
 
-def child_argv(argv: list[str], data_dir: str, fd: int, siblings: str, name: str) -> list[str]:
+def child_argv(
+    argv: list[str], data_dir: str, fd: int, siblings: str, name: str, *, lifeline_fd: int
+) -> list[str]:
     """The `nereus serve` command line of one process: the supervisor's, without
-    `--processes`, with its own data directory and the inherited socket."""
+    `--processes`, with its own data directory, the inherited socket and lifeline."""
     out: list[str] = []
     skip = False
     for arg in argv:
@@ -76,15 +84,20 @@ def child_argv(argv: list[str], data_dir: str, fd: int, siblings: str, name: str
         siblings,
         "--process-name",
         name,
+        "--supervisor-fd",
+        str(lifeline_fd),
     ]
 
 
 class Child:
-    def __init__(self, index: int, argv: list[str], fd: int, env: dict[str, str]) -> None:
+    def __init__(
+        self, index: int, argv: list[str], fd: int, lifeline_fd: int, env: dict[str, str]
+    ) -> None:
         self.index = index
         self.name = f"process-{index}"
         self.argv = argv
         self.fd = fd
+        self.lifeline_fd = lifeline_fd
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
@@ -94,33 +107,41 @@ class Child:
         # its process.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nereus", *self.argv],
-            pass_fds=(self.fd,),
+            # Every other descriptor is closed in the child (close_fds), the lifeline's
+            # write end above all: a process holding it would keep the pipe open.
+            pass_fds=(self.fd, self.lifeline_fd),
             env=self.env,
             # The supervisor runs no threads: nothing can hold a lock across the fork.
-            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509
+            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509
         )
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """Run in the child before it executes: a supervisor killed outright (SIGKILL, OOM)
-    takes its processes with it, as SIGTERM, rather than leaving them serving unsupervised."""
-
-    def arm() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            return  # not Linux: the processes outlive a supervisor that is killed
-        if os.getppid() != parent:  # it died before the request was made
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
 
 
 def supervise(
     args: argparse.Namespace, argv: list[str], log: Logger, address: tuple[str, int], backlog: int
 ) -> int:
-    """Run `args.processes` Kafka-mode processes behind one listening socket."""
+    """Run `args.processes` Kafka-mode processes behind one listening socket, owning the
+    data directory meanwhile (a second supervisor would reset the first one's siblings and
+    start processes on its processes' directories)."""
+    data = os.path.abspath(args.data)
+    os.makedirs(data, exist_ok=True)
+    try:
+        lock = lock_directory(data)
+    except StoreError as exc:
+        log.error("refused", detail=str(exc))
+        return 2
+    with lock:
+        return _supervise(args, argv, log, address, backlog, data=data)
+
+
+def _supervise(
+    args: argparse.Namespace,
+    argv: list[str],
+    log: Logger,
+    address: tuple[str, int],
+    backlog: int,
+    *,
+    data: str,
+) -> int:
     host, port = address
     try:
         sock = bind_socket(host, port)
@@ -130,17 +151,19 @@ def supervise(
         log.error("refused", detail=f"cannot listen on {host}:{port}: {exc}")
         return 2
     sock.set_inheritable(True)
-    data = os.path.abspath(args.data)
     siblings = os.path.join(data, "siblings")
     shutil.rmtree(siblings, ignore_errors=True)  # addresses of an earlier run's processes
     os.makedirs(siblings)
     env = {**os.environ, TOKEN_ENV: secrets.token_hex(16)}
+    # Open here until every process has stopped, and never written to: its end tells each
+    # process that its supervisor is gone, however it went.
+    lifeline_fd, lifeline_write_fd = lifeline_pipe()
     children = []
     for i in range(args.processes):
         name = f"process-{i}"
         own = os.path.join(data, name)
-        command = child_argv(argv, own, sock.fileno(), siblings, name)
-        children.append(Child(i, command, sock.fileno(), env))
+        command = child_argv(argv, own, sock.fileno(), siblings, name, lifeline_fd=lifeline_fd)
+        children.append(Child(i, command, sock.fileno(), lifeline_fd, env))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -165,7 +188,9 @@ def supervise(
             if stop.wait(RESTART_BACKOFF_S):
                 break
             child.start()
-    return _stop_all(children, args.stop_timeout_s, log)
+    code = _stop_all(children, args.stop_timeout_s, log)
+    os.close(lifeline_write_fd)
+    return code
 
 
 def _stop_all(children: list[Child], timeout_s: float, log: Logger) -> int:

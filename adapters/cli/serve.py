@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nereus.adapters.cli.lifeline import EXIT_MARGIN_S, follow_supervisor, wait_for_stop
 from nereus.adapters.cli.processes import inherited_socket, join_siblings, supervise
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.http.api import TimerApi
@@ -141,6 +142,7 @@ def register(sub: Any) -> None:
     k.add_argument("--http-fd", type=int, default=None, help=argparse.SUPPRESS)
     k.add_argument("--sibling-dir", default=None, help=argparse.SUPPRESS)
     k.add_argument("--process-name", default=None, help=argparse.SUPPRESS)
+    k.add_argument("--supervisor-fd", type=int, default=None, help=argparse.SUPPRESS)
     k.add_argument(
         "--destination-linger-ms",
         type=int,
@@ -257,6 +259,12 @@ def _tune_gc() -> None:
 def serve(args: argparse.Namespace) -> int:
     configure_json_logging(level=args.log_level)
     log = Logger()
+    # Made first: from here on a supervisor's end asks for the stop, as SIGTERM does later.
+    stop = threading.Event()
+    if args.supervisor_fd is not None:
+        exit_after_s = args.stop_timeout_s + EXIT_MARGIN_S
+        if not follow_supervisor(args.supervisor_fd, stop.set, exit_after_s, log):
+            return 2
     tenancy = _tenancy(args, log)
     if tenancy is None:
         return 2
@@ -277,7 +285,7 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         if args.processes > 1:
             return supervise(args, args.argv, log, (host, port), tenancy.server.backlog)
-        return serve_kafka(args, log, tenancy, host, port)
+        return serve_kafka(args, log, tenancy, host, port, stop=stop)
     if tenancy.kafka_settings:
         log.warning("kafka_settings_unused", detail="[kafka] applies to --kafka mode only")
     try:
@@ -298,7 +306,6 @@ def serve(args: argparse.Namespace) -> int:
         if destination is not None:
             destination.close()
         return 2
-    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     made = _api(nereus, tenancy, log, host, port)
@@ -365,7 +372,13 @@ def _topics(specs: list[str]) -> dict[str, str]:
 
 
 def serve_kafka(
-    args: argparse.Namespace, log: Logger, tenancy: Tenancy, host: str, port: int
+    args: argparse.Namespace,
+    log: Logger,
+    tenancy: Tenancy,
+    host: str,
+    port: int,
+    *,
+    stop: threading.Event,
 ) -> int:
     try:
         # Kafka mode is an extra: the embedded default runs without librdkafka.
@@ -424,12 +437,11 @@ def serve_kafka(
     elif status.assumed:
         log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
     service = KafkaService(config, clock=clock, logger=log)
-    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         service.start()
-    except (KafkaException, ValueError, TimeoutError, OSError) as exc:
+    except (KafkaException, ValueError, TimeoutError, OSError, StoreError) as exc:
         log.error("refused", detail=f"Kafka mode cannot start: {exc}")
         service.close()
         return 2
@@ -456,7 +468,7 @@ def serve_kafka(
         commands_topic=config.commands_topic,
         shards=service.shards,
     )
-    stop.wait()
+    wait_for_stop(stop)
     return _stop_within(args.stop_timeout_s, log, 0, *stopping)
 
 

@@ -4,6 +4,10 @@
 does (`replay.layout`): its one shard, or in Kafka mode every shard under it (or the one
 `--shard N` names); a shard store's own directory works too. Exporting several shards
 writes one file per shard, `OUT/shard-N.jsonl`, into the directory `--out` names.
+
+`export` only reads (the store opened read-only), so it runs beside the service that writes
+the store; `snapshot` and `import` write, so they need the store to themselves and are
+refused, naming the holder's pid, while a service has it open (`storage.lock`).
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_one(path: str, out: str | None, to: int | None) -> None:
-    with ShardStore.open(path, create=False) as store:
+    # Read-only: an export runs beside the service that writes the store.
+    with ShardStore.open(path, create=False, read_only=True) as store:
         if out:
             with open(out, "w", encoding="utf-8") as f:
                 n = export_log(store, f, to)

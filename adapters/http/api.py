@@ -13,15 +13,19 @@ Theory of operation: a request is matched to a route once (`routing.match`: 404/
 authenticated (the bearer token decides the tenant, 401), authorized by the route's grant
 (403 missing_grant), and only then is its input read. A batch is checked whole before
 anything is appended (`batch.parse_batch`); then the tenant's rate and, for a batch that
-would produce, the blocks, quota and storage (`policy`). A valid batch is appended as one
-unit and answered in request order once durable: the handler awaits the commit, so a request
-waiting for its fsync holds no thread. Every record carries the credential's tenant and
-subject; since message ids are derived from (tenant, queue, timerKey), another tenant's timer
-is simply absent on every route.
+would produce, the blocks, quota and storage (`policy`); a batch that passes the quota holds
+what it may add to the usage until its commit is answered, so concurrent batches count each
+other. A valid batch is appended as one unit and answered in request order once durable: the
+handler awaits the commit, so a request waiting for its fsync holds no thread. Every record
+carries the credential's tenant and subject; since message ids are derived from (tenant,
+queue, timerKey), another tenant's timer is simply absent on every route.
 
 A DELETE is never refused by a grant, block, quota or rate: only by a missing credential or a
 service that is not booted (or the physical answers every commit shares: 429 overloaded, 503
-unavailable). A request's content never causes a 5xx: `internal_error` is a bug, logged.
+unavailable). Nor does one of a key that has no row grow the log: the embedded backend
+answers it `absent` from committed state when nothing for the key is in flight
+(`runtime.absent`), so what a credential without grants can append is cancels of rows that
+exist. A request's content never causes a 5xx: `internal_error` is a bug, logged.
 """
 
 from __future__ import annotations
@@ -59,11 +63,11 @@ from nereus.adapters.http.contract import (
 )
 from nereus.adapters.http.errors import JSON, ApiError, Response, error_response, json_response
 from nereus.adapters.http.openapi import build_document
-from nereus.adapters.http.policy import Policy
+from nereus.adapters.http.policy import Policy, quota_need
 from nereus.adapters.http.process import ProcessMetrics
 from nereus.adapters.http.shapes import peek_json, result_json, row_json
 from nereus.adapters.local.embedded import Nereus, schedule_record, to_result
-from nereus.adapters.metering import Blocks, Meter, RateLimiter
+from nereus.adapters.metering import Blocks, Meter, RateLimiter, Reservation
 from nereus.adapters.tenancy import Principal, Tenancy
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
@@ -291,15 +295,13 @@ class TimerApi:
             queue_keys=policy.queue_keys,
         )
         self.policy.take_rate(who, len(checked))
-        if any(c.produces for c in checked):
-            self.policy.check_block(who)
-            if policy.has_quota:
-                self.policy.check_quota(
-                    who, await self._read(self.backend.tenant_usage, who.tenant)
-                )
-            self.policy.check_storage(await self._read(self.backend.map_usage))
-        items = [self._item(who, c) for c in checked]
-        outcomes = await self._commit(items)
+        reservation = await self._admit(who, checked) if any(c.produces for c in checked) else None
+        try:
+            outcomes = await self._commit([self._item(who, c) for c in checked])
+        finally:
+            if reservation is not None:
+                # Answered or failed: what it committed is in the usage later checks read.
+                reservation.release()
         results = [
             result_json(to_result(outcome, c.op.queue, c.op.timer_key), c.kind)
             for c, outcome in zip(checked, outcomes, strict=True)
@@ -312,6 +314,26 @@ class TimerApi:
         if metered:
             self.meter.add(who.tenant, metered)
         return json_response(200, {"results": results})
+
+    async def _admit(self, who: Principal, checked: list[Checked]) -> Reservation | None:
+        """A producing batch's checks after the rate: blocks, quota, storage. Returns the
+        quota reservation the batch holds until its commit is answered (None without a
+        quota)."""
+        self.policy.check_block(who)
+        policy = self.policy.tenant(who)
+        reservation = None
+        if policy.has_quota:
+            need = quota_need(checked, policy.queue_keys)
+            reservation = await self._read(
+                self.policy.reserve_quota, who, need, self.backend.tenant_usage
+            )
+        try:
+            self.policy.check_storage(await self._read(self.backend.map_usage))
+        except BaseException:
+            if reservation is not None:
+                reservation.release()
+            raise
+        return reservation
 
     def _item(self, who: Principal, c: Checked) -> Appendable:
         op = c.op

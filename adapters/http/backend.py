@@ -84,7 +84,7 @@ class EmbeddedBackend:
     async def execute_async(
         self, items: Sequence[Appendable], timeout_s: float
     ) -> list[EntryOutcome]:
-        return await await_command(self.nereus.runtime.submit(self.nereus.pin(items)), timeout_s)
+        return await await_command(self.nereus.submit(items), timeout_s)
 
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
         return self.nereus.peek(queue, timer_key, tenant=tenant)

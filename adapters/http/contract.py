@@ -44,7 +44,32 @@ class HttpLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_headers: int = 100
     # Larger declared bodies are refused before a byte of them is read.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Input read ahead of the request being answered (pipelined requests): reading pauses
+    # while this much is held, so a client that does not wait for its answers costs at
+    # most this (raised to one largest head if the head limits are larger).
+    max_read_ahead_bytes: int = 65536
 
+
+# Query parameters whose values are credentials, by name (case-insensitive; `-` and `.`
+# read as `_`; also as the last `_`-part of a longer name: `refresh_token`, `X-Amz-Signature`).
+# The access log writes their values as `[redacted]`: the API takes credentials only in the
+# Authorization header and refuses them elsewhere, but a refused request is logged too.
+CREDENTIAL_QUERY_NAMES: Final = frozenset(
+    {
+        "access_token",
+        "token",
+        "api_key",
+        "apikey",
+        "key",
+        "password",
+        "secret",
+        "auth",
+        "authorization",
+        "signature",
+        "sig",
+        "session",
+    }
+)
 
 # List: rows per page.
 LIST_DEFAULT_LIMIT: Final = 100

@@ -1,22 +1,35 @@
 """The checks on a request head, as pure functions of its bytes, h11's event and the limits.
 
-Theory of operation: the connection (`adapters.http.protocol`) keeps a copy of the bytes of
-the head as they arrive and asks three questions of them. `size_refusal`: is the request
+Theory of operation: the connection (`adapters.http.protocol`) holds the bytes of the head
+(while it arrives, in its inbox; once whole, exactly the head) and asks three questions of
+them. `size_refusal`: is the request
 line or the header block already over its limit (asked on every arrival, before h11 parses,
 because h11 parses a complete head of any size and would report some other fault of an
 oversized one, such as a missing Host)? `classify`: which refusal explains h11's protocol
 error? `check_head`: does the complete head pass the rules h11 leaves to the server (version,
-a Content-Length given once and not as a list, no Transfer-Encoding, the declared body
-within the limit)? Each answer is a `Refusal` with a code from `contract.ERRORS`.
+no obsolete line folding, a Content-Length given once and not as a list, no
+Transfer-Encoding, the declared body within the limit)? Each answer is a `Refusal` with a
+code from `contract.ERRORS`.
+
+Obsolete line folding (a header line that starts with a space or a tab continues the one
+before) is refused although h11 accepts it by design and joins the lines: RFC 9112 lets a
+server refuse it, and a proxy in front that reads the continuation as a header of its own
+(`X-A: 1` then ` Transfer-Encoding: chunked`) would frame the request differently from us.
+The check is one search of the head's raw bytes for a line feed followed by a space or tab,
+made before the app sees the request.
 """
 
 from __future__ import annotations
+
+import re
 
 import h11
 
 from nereus.adapters.http.contract import HttpLimits
 
 _CONTENT_LENGTH = b"\ncontent-length:"
+# A line that begins with a space or tab: every line of a head ends in a line feed.
+_FOLDED_LINE = re.compile(b"\n[ \t]")
 
 
 class Refusal(Exception):
@@ -79,6 +92,12 @@ def check_head(event: h11.Request, head: bytes | bytearray, limits: HttpLimits) 
     if len(event.headers) > limits.max_headers:
         raise _header_limit(limits)
     end = head.find(b"\r\n\r\n")
+    if _FOLDED_LINE.search(head, 0, end if end >= 0 else len(head)) is not None:
+        raise Refusal(
+            "malformed_request",
+            "a header line starts with a space or tab (obsolete line folding): "
+            "send each header on one line",
+        )
     lowered = bytes(head[: end if end >= 0 else len(head)]).lower()
     length = 0
     count = lowered.count(_CONTENT_LENGTH)
@@ -86,7 +105,8 @@ def check_head(event: h11.Request, head: bytes | bytearray, limits: HttpLimits) 
         raise Refusal("malformed_request", "Content-Length is given more than once")
     if count == 1:  # h11 checked the digits, but merged a list of equal values into one
         at = lowered.index(_CONTENT_LENGTH) + len(_CONTENT_LENGTH)
-        line_end = lowered.find(b"\r\n", at)
+        # h11 ends a line at a bare line feed too; the carriage return is stripped below.
+        line_end = lowered.find(b"\n", at)
         value = lowered[at:] if line_end < 0 else lowered[at:line_end]
         if b"," in value:
             raise Refusal("malformed_request", "Content-Length must be one count")

@@ -4,26 +4,68 @@ its quota and the storage.
 Theory of operation: the checks run in a fixed order and the first refusal answers (specs/
 http.md, "Blocked for producing"): rate (429), admin/operator block (403), quota (403),
 storage (503). A refused producing batch carries the hint header naming the route that always
-works (DELETE). The usage and the map fill are read by the caller (they may need a thread)
-and handed in, so everything here is a plain decision over values.
+works (DELETE). The map fill is read by the caller (it may need a thread) and handed in.
+
+The quota counts the batch itself: it is refused when the tenant is at its quota, or when
+the durable usage, what concurrent batches hold (`metering.Reservations`) and the most this
+batch can add (`quota_need`) together exceed it. A batch that passes holds its need until
+its commit is answered, so concurrent batches never overshoot the quota together. The need
+is a bound that reads no rows: each distinct key scheduled counts one live timer and its
+largest stored payload, since the edge cannot know whether the key is live when the batch
+commits (a live key's upsert adds nothing, a cancelled or delivered one's adds a timer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+
+from nereus.adapters import crypto
+from nereus.adapters.http.batch import Checked, ScheduleOp
 from nereus.adapters.http.contract import HINT_HEADER, HINT_VALUE, STORAGE_FULL_FRACTION
 from nereus.adapters.http.errors import ApiError
-from nereus.adapters.metering import Blocks, RateLimiter, retry_after_s
+from nereus.adapters.metering import (
+    NOTHING,
+    Blocks,
+    RateLimiter,
+    Reservation,
+    Reservations,
+    retry_after_s,
+)
 from nereus.adapters.tenancy import Principal, Tenancy, TenantPolicy
 from nereus.kernel.model import TenantUsage
 
 _HINT = ((HINT_HEADER, HINT_VALUE),)
 
 
+def quota_need(checked: Sequence[Checked], queue_keys: Mapping[str, str]) -> TenantUsage:
+    """The most a batch can add to its tenant's usage: one live timer per distinct key it
+    schedules, with the largest payload it gives that key as stored (sealed, for an
+    encrypted queue). Reschedules keep their payload and cancels only free room: zero."""
+    sizes: dict[tuple[str, str], int] = {}
+    for c in checked:
+        op = c.op
+        if isinstance(op, ScheduleOp):
+            key_id = queue_keys.get(op.queue)
+            size = len(c.payload)
+            if key_id is not None:
+                size += crypto.ENVELOPE_OVERHEAD_BYTES(key_id)
+            key = (op.queue, op.timer_key)
+            sizes[key] = max(sizes.get(key, 0), size)
+    return TenantUsage(live=len(sizes), bytes=sum(sizes.values()))
+
+
 class Policy:
-    def __init__(self, tenancy: Tenancy, rates: RateLimiter, blocks: Blocks) -> None:
+    def __init__(
+        self,
+        tenancy: Tenancy,
+        rates: RateLimiter,
+        blocks: Blocks,
+        reservations: Reservations | None = None,
+    ) -> None:
         self.tenancy = tenancy
         self.rates = rates
         self.blocks = blocks
+        self.reservations = reservations or Reservations()
 
     def tenant(self, who: Principal) -> TenantPolicy:
         return self.tenancy.tenants[who.tenant]
@@ -51,18 +93,43 @@ class Policy:
                 headers=_HINT,
             )
 
-    def check_quota(self, who: Principal, usage: TenantUsage) -> None:
+    def reserve_quota(
+        self, who: Principal, need: TenantUsage, usage: Callable[[str], TenantUsage]
+    ) -> Reservation:
+        """Check the quota with the batch's `need` and hold it (release the reservation once
+        the commit is answered); `usage(tenant)` reads the durable usage, and is called
+        after what other batches hold has been read."""
+        return self.reservations.reserve(
+            who.tenant, need, lambda held: self.check_quota(who, usage(who.tenant), need, held)
+        )
+
+    def check_quota(
+        self,
+        who: Principal,
+        usage: TenantUsage,
+        need: TenantUsage = NOTHING,
+        held: TenantUsage = NOTHING,
+    ) -> None:
+        """Refuse (403 over_quota) a tenant at its quota, or a batch that could take the
+        usage, with what other batches `held`, past it."""
         policy = self.tenant(who)
         over = []
-        if policy.max_live_timers is not None and usage.live >= policy.max_live_timers:
-            over.append(f"{usage.live} live timers of {policy.max_live_timers}")
-        if policy.max_bytes is not None and usage.bytes >= policy.max_bytes:
-            over.append(f"{usage.bytes} payload bytes of {policy.max_bytes}")
+        for what, limit, used, pending, wanted in (
+            ("live timers", policy.max_live_timers, usage.live, held.live, need.live),
+            ("payload bytes", policy.max_bytes, usage.bytes, held.bytes, need.bytes),
+        ):
+            if limit is None:
+                continue
+            if used >= limit:
+                over.append(f"{used} {what} of {limit}")
+            elif used + pending + wanted > limit:
+                held_now = f", {pending} held by batches being committed" if pending else ""
+                over.append(f"{used} {what}{held_now} and {wanted} in this batch pass {limit}")
         if over:
             raise ApiError(
                 "over_quota",
-                f"tenant {who.tenant!r} is at its quota ({'; '.join(over)}); cancel timers "
-                "to produce again",
+                f"tenant {who.tenant!r} has no room for this batch ({'; '.join(over)}); "
+                "cancel timers, or send fewer, to produce again",
                 headers=_HINT,
             )
 

@@ -17,19 +17,21 @@ durable commit, not parsing, bounds the request rate.
 
 Theory of operation, per connection, one phase at a time with one timer:
 
-* **idle**: no byte of a request yet. After `keep_alive_timeout_s` the connection is closed
-  (there is no request to answer).
+* **idle**: no byte of a request yet, or the next request's bytes wait while the client
+  does not take its answers. After `keep_alive_timeout_s` the connection is closed (there
+  is no request being answered).
 * **head**: the first byte arrived; the request line and headers must be complete within
   `header_timeout_s` (else `408 request_timeout`). The head is bounded while it arrives:
   a request line longer than `max_request_line_bytes` is `414`, a header block over
   `max_header_bytes` or with more than `max_headers` lines is `431`.
 * **checks** on the complete head (`adapters.http.head`), in order: HTTP/1.0 or 1.1
-  (else `505`); Content-Length exactly one run of digits, given once (h11 refuses signs,
-  underscores and conflicting values; a repeated or comma-listed one is refused there: a
-  proxy that reads another value would smuggle a request past it); no Transfer-Encoding
-  (bodies need a length); the declared length at most `max_body_bytes` (`413`, before a
-  byte of the body is read); a free slot for the connection and the request (`503
-  server_busy` with `Retry-After`).
+  (else `505`); no obsolete line folding (a header line that starts with a space or tab
+  is `400`: h11 would join it to the line before); Content-Length exactly one run of
+  digits, given once (h11 refuses signs, underscores and conflicting values; a repeated or
+  comma-listed one is refused there: a proxy that reads another value would smuggle a
+  request past it); no Transfer-Encoding (bodies need a length); the declared length at
+  most `max_body_bytes` (`413`, before a byte of the body is read); a free slot for the
+  connection and the request (`503 server_busy` with `Retry-After`).
 * **body**: the declared body must arrive within `body_timeout_s` (else `408`). The app
   task starts at once and awaits the body through ASGI `receive`.
 * The app's response is written in one `write`; then the connection goes back to idle, or
@@ -37,12 +39,21 @@ Theory of operation, per connection, one phase at a time with one timer:
   close: our answer is written, the write side shut, and whatever the client still sends is
   read and dropped for a moment, so the kernel does not reset the connection (and discard
   the answer) because of unread input.
+
+Backpressure: the socket's bytes are read into the connection's `Inbox`, never more than
+`max_read_ahead_bytes` of them (the transport reads into a buffer no larger than the room
+left, so not even one read overshoots), and h11 is given one request at a time from it.
+Reading pauses while the inbox is full, and while the transport's write buffer is above its
+high-water mark (`pause_writing`): a client that does not take its answers gets no new
+request started and none of its input read until it does. A pipelining client therefore
+holds one request being answered, the inbox and about one transport buffer of answers; one
+that takes none of them for `keep_alive_timeout_s` (after its last answer, or since it last
+took some) is dropped: a close would wait, holding them, for it to take them first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,64 +62,17 @@ import h11
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from nereus.adapters.http.contract import ERROR_STATUS, HttpLimits
+from nereus.adapters.http.contract import ERROR_STATUS
+from nereus.adapters.http.cycle import Cycle, Shared, log_answer, reason
 from nereus.adapters.http.errors import error_body
 from nereus.adapters.http.head import Refusal, check_head, classify, size_refusal
-from nereus.runtime.log import Logger
+from nereus.adapters.http.inbox import Inbox
 
 # How long a refused connection's remaining input is read and dropped before closing.
 LINGER_S = 1.0
 
 
-class Shared:
-    """What every connection of one server shares: the limits, the requests in flight and
-    the hooks to count and log answers."""
-
-    def __init__(
-        self,
-        limits: HttpLimits,
-        observe: Callable[[str, int, float], None],
-        access_log: bool,
-    ) -> None:
-        self.limits = limits
-        self.observe = observe
-        self.inflight = 0
-        self.log = Logger().child("http")
-        self.access = Logger().child("http.access") if access_log else None
-
-
-class _Cycle:
-    """One request being answered by the app."""
-
-    __slots__ = (
-        "body",
-        "delivered",
-        "disconnected",
-        "event",
-        "method",
-        "more_body",
-        "response",
-        "response_started",
-        "scope",
-        "started",
-        "status",
-    )
-
-    def __init__(self, scope: dict[str, Any], more_body: bool) -> None:
-        self.scope = scope
-        self.method: str = scope["method"]
-        self.body = bytearray()
-        self.more_body = more_body
-        self.delivered = False
-        self.disconnected = False
-        self.event = asyncio.Event()
-        self.response_started = False
-        self.status = 0
-        self.response: list[tuple[bytes, bytes]] = []
-        self.started = time.perf_counter()
-
-
-def protocol_class(shared: Shared) -> type[asyncio.Protocol]:
+def protocol_class(shared: Shared) -> type[asyncio.BufferedProtocol]:
     """The protocol class uvicorn instantiates per connection (`Config(http=...)`)."""
 
     class BoundProtocol(NereusProtocol):
@@ -117,7 +81,7 @@ def protocol_class(shared: Shared) -> type[asyncio.Protocol]:
     return BoundProtocol
 
 
-class NereusProtocol(asyncio.Protocol):
+class NereusProtocol(asyncio.BufferedProtocol):
     SHARED: Shared
 
     def __init__(
@@ -143,9 +107,13 @@ class NereusProtocol(asyncio.Protocol):
         self.client: tuple[str, int] | None = None
         self.server: tuple[str, int] | None = None
         self.phase = "idle"
-        self.head = bytearray()
+        self.inbox = Inbox(self.SHARED.read_ahead_bytes)
+        self.head = b""  # the head of the request being handled, as it came
+        self.body_left = 0  # bytes of its declared body not yet given to h11
+        self.write_paused = False
+        self.unsent_bytes = 0  # answers not yet written when writing paused, or last seen
         self.timer: asyncio.TimerHandle | None = None
-        self.cycle: _Cycle | None = None
+        self.cycle: Cycle | None = None
         self.keep_alive = True
         self.over_capacity = False
 
@@ -179,35 +147,32 @@ class NereusProtocol(asyncio.Protocol):
             return True
         return False
 
-    def data_received(self, data: bytes) -> None:
-        if self.phase in {"linger", "closed"}:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        buffer = memoryview(self.SHARED.read_buffer)
+        if self.phase in ("linger", "closed"):
+            return buffer  # read and dropped
+        # Reading is paused whenever the inbox is full, so there is room here.
+        return buffer[: self.inbox.room()]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.phase in ("linger", "closed"):
             return  # a refused connection's remaining input: read and dropped
-        if self.phase == "idle":
-            self.phase = "head"
-            self.head.clear()
-            self._arm(self.limits.header_timeout_s, self._head_expired)
-        if self.phase == "app":
-            # A pipelined request: h11 keeps it until this answer is written.
-            self.conn.receive_data(data)
-            if self.transport is not None:
-                self.transport.pause_reading()
-            return
-        if self.phase == "head":
-            self.head += data
-            # Sizes first: h11 parses a complete head of any size, and would report some
-            # other fault of an oversized one (a missing Host) instead of its size.
-            refusal = size_refusal(self.head, self.limits)
-            if refusal is not None:
-                self._refuse(refusal)
-                return
-        self.conn.receive_data(data)
-        self._drive()
+        self.inbox.append(memoryview(self.SHARED.read_buffer)[:nbytes])
+        self._pump()
+        self._flow()
 
     def pause_writing(self) -> None:
-        pass  # responses are small and written whole; the transport buffers them
+        # The client is not taking its answers as fast as they come: start no new request
+        # and read nothing more until the transport has written most of them.
+        self.write_paused = True
+        if self.transport is not None:
+            self.unsent_bytes = self.transport.get_write_buffer_size()
+        self._flow()
 
     def resume_writing(self) -> None:
-        pass
+        self.write_paused = False
+        self._pump()
+        self._flow()
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown: close when idle, else after the current answer."""
@@ -215,21 +180,79 @@ class NereusProtocol(asyncio.Protocol):
         if self.cycle is None and self.transport is not None:
             self.transport.close()
 
-    # Parsing ------------------------------------------------------------------------------
+    # Input --------------------------------------------------------------------------------
+
+    def _flow(self) -> None:
+        """Read while there is room for input and the client takes its answers; a lingering
+        connection reads (and drops) everything."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        wanted = self.phase == "linger" or (not self.write_paused and self.inbox.room() > 0)
+        if wanted and not transport.is_reading():
+            transport.resume_reading()
+        elif not wanted and transport.is_reading():
+            transport.pause_reading()
+
+    def _pump(self) -> None:
+        """Give h11 what the current phase takes from the inbox: a whole head, then the
+        declared body; nothing while a request is being answered, and no new request while
+        the client is not taking its answers. Called on input, after each answer and when
+        writing resumes."""
+        if self.phase == "idle":
+            if not self.inbox or self.write_paused:
+                return
+            self.phase = "head"
+            self._arm(self.limits.header_timeout_s, self._head_expired)
+        if self.phase == "head":
+            self._feed_head()
+        if self.phase == "body":
+            self._feed_body()
+
+    def _feed_head(self) -> None:
+        end = self.inbox.head_end()
+        if end < 0:
+            # Sizes first: an incomplete head over its limits will not get better.
+            refusal = size_refusal(self.inbox.peek(), self.limits)
+            if refusal is not None:
+                self._refuse(refusal)
+            elif self.inbox.starts_with_a_control():
+                self.head = self.inbox.take(len(self.inbox))
+                self.conn.receive_data(self.head)
+                self._drive()  # h11 refuses it at once, and names the fault
+                self._framed()
+            return
+        self.head = self.inbox.take(end)
+        # Sizes before h11: it parses a complete head of any size, and would report some
+        # other fault of an oversized one (a missing Host) instead of its size.
+        refusal = size_refusal(self.head, self.limits)
+        if refusal is not None:
+            self._refuse(refusal)
+            return
+        self.conn.receive_data(self.head)
+        self._drive()
+        self._framed()
+
+    def _framed(self) -> None:
+        # h11 was handed a whole head (or bytes it refuses at once): were it still waiting
+        # for more, it would take the start of the next request as the rest of this one.
+        assert self.phase != "head", "h11 and the inbox disagree where a head ends"
+
+    def _feed_body(self) -> None:
+        count = min(self.body_left, len(self.inbox))
+        if count:
+            self.body_left -= count
+            self.conn.receive_data(self.inbox.take(count))
+            self._drive()
 
     def _drive(self) -> None:
-        while self.phase in ("head", "body", "idle"):
+        while self.phase in ("head", "body"):
             try:
                 event = self.conn.next_event()
             except h11.RemoteProtocolError as exc:
                 self._refuse(classify(exc, self.head, self.limits))
                 return
-            if event is h11.NEED_DATA:
-                return
-            if event is h11.PAUSED:
-                # A pipelined request waits until the current one is answered.
-                if self.transport is not None:
-                    self.transport.pause_reading()
+            if event is h11.NEED_DATA or event is h11.PAUSED:
                 return
             if isinstance(event, h11.Request):
                 try:
@@ -247,10 +270,6 @@ class NereusProtocol(asyncio.Protocol):
                     self.cycle.more_body = False
                     self.cycle.event.set()
                 self.phase = "app"
-                return
-            elif isinstance(event, h11.ConnectionClosed):
-                if self.transport is not None and self.cycle is None:
-                    self.transport.close()
                 return
 
     def _start(self, event: h11.Request) -> None:
@@ -281,12 +300,13 @@ class NereusProtocol(asyncio.Protocol):
             "query_string": query,
             "headers": [(name, value) for name, value in event.headers],
         }
-        cycle = _Cycle(scope, more_body=length > 0)
+        cycle = Cycle(scope, more_body=length > 0)
         self.cycle = cycle
         shared.inflight += 1
         # Until h11's EndOfMessage (at once for a request without a body) the connection
         # reads the body; only a declared body can be late.
         self.phase = "body"
+        self.body_left = length
         if length > 0:
             self._arm(self.limits.body_timeout_s, self._body_expired)
         task = self.loop.create_task(self._run(cycle))
@@ -295,7 +315,7 @@ class NereusProtocol(asyncio.Protocol):
 
     # The app ------------------------------------------------------------------------------
 
-    async def _run(self, cycle: _Cycle) -> None:
+    async def _run(self, cycle: Cycle) -> None:
         try:
             await self.app(
                 cycle.scope, lambda: self._receive(cycle), lambda m: self._send(cycle, m)
@@ -307,7 +327,7 @@ class NereusProtocol(asyncio.Protocol):
         finally:
             self.SHARED.inflight -= 1
 
-    async def _receive(self, cycle: _Cycle) -> dict[str, Any]:
+    async def _receive(self, cycle: Cycle) -> dict[str, Any]:
         if self.conn.they_are_waiting_for_100_continue and self.transport is not None:
             self.transport.write(
                 self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))
@@ -326,7 +346,7 @@ class NereusProtocol(asyncio.Protocol):
         cycle.delivered = not cycle.more_body
         return {"type": "http.request", "body": chunk, "more_body": cycle.more_body}
 
-    async def _send(self, cycle: _Cycle, message: dict[str, Any]) -> None:
+    async def _send(self, cycle: Cycle, message: dict[str, Any]) -> None:
         if cycle.disconnected or self.transport is None or self.cycle is not cycle:
             return
         if message["type"] == "http.response.start":
@@ -342,8 +362,8 @@ class NereusProtocol(asyncio.Protocol):
         headers = [*self.state.default_headers, *cycle.response]
         if not self.keep_alive:
             headers.append((b"connection", b"close"))
-        reason = _reason(cycle.status)
-        out = self.conn.send(h11.Response(status_code=cycle.status, headers=headers, reason=reason))
+        phrase = reason(cycle.status)
+        out = self.conn.send(h11.Response(status_code=cycle.status, headers=headers, reason=phrase))
         if body:
             out += self.conn.send(h11.Data(data=body))
         out += self.conn.send(h11.EndOfMessage())
@@ -351,26 +371,13 @@ class NereusProtocol(asyncio.Protocol):
         self._answered(cycle, cycle.status)
         self._next_cycle()
 
-    def _answered(self, cycle: _Cycle, status: int) -> None:
-        access = self.SHARED.access
-        if access is not None:
-            scope = cycle.scope
-            target = scope["raw_path"] + (
-                b"?" + scope["query_string"] if scope["query_string"] else b""
-            )
-            access.info(
-                "http_request",
-                method=cycle.method,
-                target=target[:256].decode("ascii"),
-                status=status,
-                duration_ms=round((time.perf_counter() - cycle.started) * 1000, 3),
-                client=f"{self.client[0]}:{self.client[1]}" if self.client else None,
-            )
+    def _answered(self, cycle: Cycle, status: int) -> None:
+        if self.SHARED.access is not None:
+            log_answer(self.SHARED.access, cycle, status, self.client)
 
     def _next_cycle(self) -> None:
         self.cycle = None
-        transport = self.transport
-        if transport is None:
+        if self.transport is None:
             return
         if (
             not self.keep_alive
@@ -380,18 +387,13 @@ class NereusProtocol(asyncio.Protocol):
             # Either side asked to close, or the app answered before reading the body.
             self._linger()
             return
+        # h11 holds nothing of a next request (it is given one at a time): the next one, if
+        # it came, waits in the inbox.
         self.conn.start_next_cycle()
-        pending = self.conn.trailing_data[0]
-        self.head = bytearray(pending)
-        if pending:
-            self.phase = "head"
-            self._arm(self.limits.header_timeout_s, self._head_expired)
-        else:
-            self.phase = "idle"
-            self._arm(self.limits.keep_alive_timeout_s, self._idle_expired)
-        transport.resume_reading()
-        if pending:
-            self._drive()
+        self.phase = "idle"
+        self._arm(self.limits.keep_alive_timeout_s, self._idle_expired)
+        self._pump()
+        self._flow()
 
     # Refusals and timers ------------------------------------------------------------------
 
@@ -406,7 +408,7 @@ class NereusProtocol(asyncio.Protocol):
             return
         status = ERROR_STATUS[refusal.code]
         body = error_body(refusal.code, str(refusal))
-        lines = [f"HTTP/1.1 {status} {_reason(status).decode()}"]
+        lines = [f"HTTP/1.1 {status} {reason(status).decode()}"]
         lines += [f"{k.decode()}: {v.decode()}" for k, v in self.state.default_headers]
         lines += [
             "content-type: application/json",
@@ -431,7 +433,7 @@ class NereusProtocol(asyncio.Protocol):
         self.cycle = None
         if transport is None or transport.is_closing():
             return
-        transport.resume_reading()
+        self._flow()
         if not transport.can_write_eof():
             transport.close()
             return
@@ -454,8 +456,21 @@ class NereusProtocol(asyncio.Protocol):
 
     def _idle_expired(self) -> None:
         self.timer = None
-        if self.transport is not None and self.phase == "idle":
-            self.transport.close()
+        transport = self.transport
+        if transport is None or self.phase != "idle":
+            return
+        if not self.write_paused:
+            transport.close()
+            return
+        unsent = transport.get_write_buffer_size()
+        if unsent < self.unsent_bytes:
+            # It is taking its answers, slowly: another period to take more.
+            self.unsent_bytes = unsent
+            self._arm(self.limits.keep_alive_timeout_s, self._idle_expired)
+            return
+        # It took none of its answers all this time. close() would hold them, and the
+        # connection, until it does, which may be never.
+        transport.abort()
 
     def _head_expired(self) -> None:
         self.timer = None
@@ -477,10 +492,3 @@ class NereusProtocol(asyncio.Protocol):
                     f"the declared body took longer than {self.limits.body_timeout_s} s",
                 )
             )
-
-
-def _reason(status: int) -> bytes:
-    try:
-        return http.HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""

@@ -28,7 +28,8 @@ import uvicorn
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.http.asgi import TimerAsgiApp
 from nereus.adapters.http.contract import HttpLimits
-from nereus.adapters.http.protocol import Shared, protocol_class
+from nereus.adapters.http.cycle import Shared
+from nereus.adapters.http.protocol import protocol_class
 
 START_TIMEOUT_S = 10.0
 
@@ -68,7 +69,9 @@ class HttpServer:
         self.shared = shared = Shared(self.limits, api.observe, access_log)
         config = uvicorn.Config(
             TimerAsgiApp(api),
-            http=protocol_class(shared),
+            # uvicorn hands the class to `loop.create_server`, which takes any protocol;
+            # its annotation names only `asyncio.Protocol`, not the buffered kind ours is.
+            http=protocol_class(shared),  # type: ignore[arg-type]
             ws="none",
             lifespan="off",
             interface="asgi3",

@@ -21,6 +21,9 @@ each in a module of its own.
 * **Reads** (`adapters.kafka.reads`): a peek needs the timer's shard owned here; a queue
   listing needs every shard (`ShardNotLocal` otherwise); tenant usage is the sum over the
   shards owned here.
+
+A service that owns shards owns its data directory from `start` to `close` (`storage.lock`,
+`DATA/LOCK`): a second one on the same directory is refused at start, naming the holder.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Destination
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
+from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import Appendable, ShardStore
 
@@ -83,6 +87,8 @@ class KafkaService:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
+        # The data directory's lock while the service owns shards there (`start`..`close`).
+        self._lock: DirectoryLock | None = None
         max_bytes = self._kernel_config.max_payload_bytes + ENVELOPE_RESERVE_BYTES
         self.rpc = CommandRpc(config, max_bytes, self._stop)
         parts = ShardParts(
@@ -111,9 +117,12 @@ class KafkaService:
     def start(self) -> None:
         if self._started:
             return
-        self._started = True
         if self.config.own_shards:
             os.makedirs(self.config.data_dir, exist_ok=True)
+            # Its shard stores and its static member id are this process's alone: a second
+            # process on the directory would share the member id and fence this one.
+            self._lock = lock_directory(self.config.data_dir)
+        self._started = True
         max_bytes = self._kernel_config.max_payload_bytes + ENVELOPE_RESERVE_BYTES
         self.shards = ensure_topics(self.config, max_bytes, self.log)
         self.rpc.start(self.shards)
@@ -215,4 +224,6 @@ class KafkaService:
             thread.join(90)
         self._threads = []
         self.rpc.close()
+        if self._lock is not None:
+            self._lock.release()
         self.log.info("kafka_service_stopped")

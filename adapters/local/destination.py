@@ -67,8 +67,9 @@ class LocalDestination:
 
     name = "local"
     capability: Capability = IMMEDIATE
-    # A crashed writer's batch either committed or left nothing, but nothing stops a second
-    # process from opening the same directory, so absence is not claimed as proof here.
+    # A crashed writer's batch either committed or left nothing, but the destination itself
+    # does not stop a second sender (only `Nereus.open`'s lock of the data directory does, and
+    # a destination can be opened on its own), so absence is not claimed as proof here.
     fence_id: str | None = None
 
     def __init__(

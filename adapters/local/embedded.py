@@ -16,9 +16,11 @@ Theory of operation: a thin facade over `runtime.ShardRuntime`: it opens the sha
 (`DIR/shard`) and the local destination (`DIR/destination`), builds checked records from the
 caller's arguments (`adapters.local.commands`; payload bytes are hashed there, the log holds
 only the digest), and waits for each command's durable outcome, on the caller's thread or,
-for the `_async` calls, on the event loop. The program receives its timers through
-`consumer()`, a consumer group's durable position in the destination. `run_async()` runs the
-loop for asyncio users.
+for the `_async` calls, on the event loop. A cancel of a key that has no row and no command
+in flight is answered `absent` from committed state without an entry (`runtime.absent`).
+The program receives its timers through `consumer()`, a consumer group's durable position
+in the destination. `run_async()` runs the loop for asyncio users. The data directory has
+one owner: `open` locks it (`storage.lock`, `DIR/LOCK`) until `close`.
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT, message_id
 from nereus.kernel.model import Message, Table
 from nereus.kernel.records import Schedule
+from nereus.runtime.absent import answer_absent
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Destination, capability_for
+from nereus.runtime.intake import CommandFuture
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
+from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import Appendable, ShardStore
 
@@ -71,10 +76,18 @@ class Nereus(TimerCommands):
     """One embedded shard: `Nereus.open(DIR)`, the calls of `TimerCommands`, and
     `consumer()` to receive the timers it delivers."""
 
-    def __init__(self, store: ShardStore, destination: Destination, runtime: ShardRuntime) -> None:
+    def __init__(
+        self,
+        store: ShardStore,
+        destination: Destination,
+        runtime: ShardRuntime,
+        lock: DirectoryLock | None = None,
+    ) -> None:
         self.store = store
         self.destination = destination
         self.runtime = runtime
+        # The data directory's lock (`Nereus.open`): this object owns DIR until `close`.
+        self._lock = lock
         self._consumers: builtins.list[LocalConsumer] = []
 
     @classmethod
@@ -93,11 +106,20 @@ class Nereus(TimerCommands):
     ) -> Nereus:
         """Open (or create) the shard in `data_dir`. Without an explicit clock the host
         clock is used; on a host that reports no synchronisation nothing fires unless
-        `assume_clock_error_ms` states the error bound the operator vouches for."""
+        `assume_clock_error_ms` states the error bound the operator vouches for. The data
+        directory is this object's until `close`: another open of it, in this process or
+        another, raises `StoreLocked` naming the holder's pid."""
         log = logger or NullLogger()
-        store = ShardStore.open(
-            os.path.join(data_dir, "shard"), config=kernel_config, options=store_options
-        )
+        os.makedirs(data_dir, exist_ok=True)
+        # One owner for the whole directory: the shard store and the local destination.
+        lock = lock_directory(data_dir)
+        try:
+            store = ShardStore.open(
+                os.path.join(data_dir, "shard"), config=kernel_config, options=store_options
+            )
+        except BaseException:
+            lock.release()
+            raise
         dest: Destination | None = destination
         try:
             dest = dest or LocalDestination(os.path.join(data_dir, "destination"))
@@ -126,8 +148,9 @@ class Nereus(TimerCommands):
             if dest is not None and destination is None:
                 dest.close()
             store.close()
+            lock.release()
             raise
-        return cls(store, dest, runtime)
+        return cls(store, dest, runtime, lock)
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -152,6 +175,8 @@ class Nereus(TimerCommands):
         self.runtime.stop()
         self.destination.close()
         self.store.close()
+        if self._lock is not None:
+            self._lock.release()  # last: the directory is free once nothing of it is open
 
     def __enter__(self) -> Nereus:
         return self
@@ -192,15 +217,23 @@ class Nereus(TimerCommands):
         offers now (a Pulsar handoff target's delayed handoff, or ordinary delivery)."""
         return pin_capabilities(items, self.destination)
 
+    def submit(self, items: Sequence[Appendable]) -> CommandFuture:
+        """Submit a unit of commands; the future completes with their outcomes once
+        durable. A unit of cancels of keys with no row and nothing in flight is answered
+        `absent` at once from committed state, without an entry (`runtime.absent`)."""
+        answered = answer_absent(self.runtime, items)
+        if answered is not None:
+            return answered
+        return self.runtime.submit(self.pin(items))
+
     def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
-        items = self.pin(items)
+        future = self.submit(items)
         if self.runtime._loop_thread is None:
             # Not started: commit on the caller's thread so the API works without a loop.
-            future = self.runtime.submit(items)
             while not future.done():
                 self.runtime.run_once()
             return future.result(0)
-        return self.runtime.execute(items, COMMAND_TIMEOUT_S)
+        return future.result(COMMAND_TIMEOUT_S)
 
     async def _run_async(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
         if self.runtime._loop_thread is None:
@@ -208,7 +241,7 @@ class Nereus(TimerCommands):
                 "the _async calls wait for the runtime's thread: call start(), or run "
                 "run_async() in a task, first"
             )
-        return await await_command(self.runtime.submit(self.pin(items)), COMMAND_TIMEOUT_S)
+        return await await_command(self.submit(items), COMMAND_TIMEOUT_S)
 
     def _peek(self, tenant: str, queue: str, timer_key: str) -> Peek:
         return peek_store(self.store, self.runtime, queue, timer_key, tenant=tenant)

@@ -23,7 +23,9 @@ producers (one per topic, named `<prefix>.<store id>.<topic index>` so broker-si
 deduplication recognises the client's resends after a reconnect, across restarts too) and
 calls `send_async`; the answers are classified by `adapters.pulsar.outcomes` and collected
 by `poll`. Client warnings and errors (reconnects, send errors) count as disturbances that
-make a broker refusal UNKNOWN. PUBLISHED carries the broker's message id. Evidence is looked
+make a broker refusal UNKNOWN. PUBLISHED carries the broker's message id and the send's own
+time, which every message also carries (`nereus-sent-at`), so that a search finding it later
+stamps it with that time and not its batch's (`adapters.pulsar.stamps`). Evidence is looked
 for in bulk by `adapters.pulsar.evidence`.
 """
 
@@ -51,11 +53,11 @@ from nereus.adapters.pulsar.handoff import (
     reveal_at_ms,
 )
 from nereus.adapters.pulsar.outcomes import (
-    H_REVEAL_AT,
     classify_create_error,
     classify_raised,
     classify_send,
 )
+from nereus.adapters.pulsar.stamps import H_REVEAL_AT, H_SENT_AT, live_at_ms, sent_at_ms
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Unknown
 from nereus.runtime.destination import (
@@ -140,7 +142,9 @@ class PulsarDestination:
         limits = SearchLimits(
             config.find_slack_ms, config.find_max_records, config.find_max_seconds
         )
-        self._reader = PulsarEvidenceReader(self.client, config.name, limits, self.log)
+        self._reader = PulsarEvidenceReader(
+            self.client, config.name, limits, self.log, self._clock_ms
+        )
 
     # Configuration ------------------------------------------------------------------------
 
@@ -299,10 +303,10 @@ class PulsarDestination:
             item = self._outgoing.get()
             if item is None:
                 return
-            sends, _now_ms = item
+            sends, gate_ms = item
             failed: dict[str, NotPublished] = {}
             for send in sends:
-                self._send_one(send, failed)
+                self._send_one(send, failed, gate_ms)
 
     def _producer(self, topic: str) -> Any:
         producer = self._producers.get(topic)
@@ -320,7 +324,7 @@ class PulsarDestination:
             self._producers[topic] = producer
         return producer
 
-    def _send_one(self, send: Send, failed: dict[str, NotPublished]) -> None:
+    def _send_one(self, send: Send, failed: dict[str, NotPublished], gate_ms: int) -> None:
         p = send.prepared
         if p.size_bytes() > self.max_record_bytes(p.topic):
             refused = NotPublished("permanent", "record_too_large", f"{p.size_bytes()} bytes")
@@ -341,10 +345,12 @@ class PulsarDestination:
         reveal_ms = reveal_at_ms(p.deliver_at_ms, p.capability)
         if reveal_ms is not None:
             properties[H_REVEAL_AT] = str(reveal_ms)
+        sent_ms = sent_at_ms(gate_ms, self._clock_ms())
+        properties[H_SENT_AT] = str(sent_ms)
         try:
             producer.send_async(
                 p.value,
-                self._callback(send, seen, reveal_ms or 0),
+                self._callback(send, seen, live_at_ms(sent_ms, reveal_ms)),
                 properties=properties,
                 partition_key=p.key.decode(errors="replace") if p.key is not None else None,
                 deliver_at=reveal_ms,
@@ -352,13 +358,13 @@ class PulsarDestination:
         except pulsar.PulsarException as exc:
             self._deliver(SendResult.of(send, classify_raised(exc)))
 
-    def _callback(self, send: Send, seen: int, reveal_ms: int) -> Callable[[Any, Any], None]:
+    def _callback(self, send: Send, seen: int, stamp_ms: int) -> Callable[[Any, Any], None]:
         def on_sent(result: Any, msg_id: Any) -> None:
             outcome: PublishResult = classify_send(
                 result,
                 msg_id,
                 send.prepared.topic,
-                max(self._clock_ms(), reveal_ms),
+                stamp_ms,
                 disturbed=self._disturbed.count != seen,
             )
             if isinstance(outcome, Unknown):

@@ -5,13 +5,15 @@ each topic it reads every partition once (`get_topic_partitions`; a non-partitio
 its own single partition) with a non-durable Reader: seeked to the earliest admission time
 less `find_slack_ms` (Pulsar seeks a reader by publish timestamp), then read until the
 reader says no message is available, matching each record's `nereus-attempt-id` property
-against the whole set. A Reader is an exclusive, non-durable subscription, so it sees
-records that a delayed handoff still holds back from Shared consumers: the search finds an
-attempt as soon as the broker has it, not when it becomes visible. A topic that does not
-exist holds nothing. The search is complete when every partition was read to its end; a
-bound (`find_max_records`, `find_max_seconds`), an unreachable broker or a cancellation
-leaves it incomplete. Pulsar's producers cannot be fenced here, so a search never proves an
-attempt absent (`SearchOutcome.fence` stays None): what it does not find stays UNKNOWN.
+against the whole set. A record found is stamped with its own send time (or reveal time),
+never its batch's earlier publish time (`adapters.pulsar.stamps`). A Reader is an
+exclusive, non-durable subscription, so it sees records that a delayed handoff still holds
+back from Shared consumers: the search finds an attempt as soon as the broker has it, not
+when it becomes visible. A topic that does not exist holds nothing. The search is complete
+when every partition was read to its end; a bound (`find_max_records`, `find_max_seconds`),
+an unreachable broker or a cancellation leaves it incomplete. Pulsar's producers cannot be
+fenced here, so a search never proves an attempt absent (`SearchOutcome.fence` stays None):
+what it does not find stays UNKNOWN.
 
 Searches run one at a time on the reader's own thread; the shard loop only polls the
 handle, and is woken when it is done.
@@ -20,12 +22,14 @@ handle, and is woken when it is done.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pulsar
 
-from nereus.adapters.pulsar.outcomes import H_REVEAL_AT, evidence_of
+from nereus.adapters.pulsar.outcomes import evidence_of
+from nereus.adapters.pulsar.stamps import found_at_ms
 from nereus.adapters.search import BackgroundSearch, SearchWorker
 from nereus.kernel.records import Evidence
 from nereus.runtime.destination import (
@@ -49,10 +53,18 @@ class PulsarEvidenceReader(SearchWorker):
     failures = (pulsar.PulsarException, RuntimeError, ValueError)
     failure_event = "pulsar_search_failed"
 
-    def __init__(self, client: Any, name: str, limits: SearchLimits, log: Logger) -> None:
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        limits: SearchLimits,
+        log: Logger,
+        clock_ms: Callable[[], int],
+    ) -> None:
         super().__init__(name, log)
         self._client = client
         self._limits = limits
+        self._clock_ms = clock_ms
 
     def run_search(self, handle: BackgroundSearch) -> SearchOutcome:
         started = time.monotonic()
@@ -131,17 +143,13 @@ class PulsarEvidenceReader(SearchWorker):
                 properties = msg.properties()
                 aid = properties.get(H_ATTEMPT_ID)
                 if aid is not None and aid in wanted and aid not in found:
-                    stamped_ms = max(msg.publish_timestamp(), _reveal_ms(properties))
-                    found[aid] = evidence_of(msg.topic_name(), msg.message_id(), stamped_ms)
+                    msg_id = msg.message_id()
+                    stamped_ms = found_at_ms(
+                        properties, msg.publish_timestamp(), msg_id.batch_index(), self._clock_ms()
+                    )
+                    found[aid] = evidence_of(msg.topic_name(), msg_id, stamped_ms)
                     if len(found) == len(wanted):
                         return True, scanned
             return True, scanned
         finally:
             reader.close()
-
-
-def _reveal_ms(properties: dict[str, str]) -> int:
-    try:
-        return int(properties.get(H_REVEAL_AT, "0"))
-    except ValueError:
-        return 0

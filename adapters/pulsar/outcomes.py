@@ -4,7 +4,11 @@ Theory of operation: the class must be the truth, and it is taken from the clien
 results, found by experiment against a real broker (pulsar-client 3.13, broker 4.0.7;
 `tests/test_pulsar_destination.py` reproduces them):
 
-* `Ok` with a message id -> PUBLISHED, the id as evidence (`ledger:entry:partition:batch`).
+* `Ok` with a message id -> PUBLISHED, the id as evidence (`ledger:entry:partition:batch`),
+  stamped with the send's own time (`adapters.pulsar.stamps`). `Ok` with ledger and entry
+  -1 is how a deduplicating broker answers a record it dropped as a duplicate: an earlier
+  copy may be persisted, or none (measured: a batch the client sent after a later
+  `deliver_at` record of the same producer is dropped whole) -> UNKNOWN.
 * Refused by the client before anything was sent, so definitely absent:
   `MessageTooBig` (the client checks the broker's maxMessageSize first) -> permanent
   `record_too_large`; `ProducerQueueIsFull`, `MemoryBufferIsFull` -> retriable.
@@ -52,12 +56,6 @@ _CREATE_PERMANENT = {
     _R.NotAllowedError: "not_allowed",
     _R.InvalidConfiguration: "invalid_configuration",
 }
-
-
-# On a handed-off message: the deliver_at the broker was asked for (ms). The evidence of a
-# handoff is stamped with it when it is later than the publish time: the earliest instant
-# the record can be visible, which is what fire lag and the early-delivery check measure.
-H_REVEAL_AT = "nereus-reveal-at"
 
 
 def broker_message_id(msg_id: Any) -> str:

@@ -1,0 +1,82 @@
+"""`nereus serve` (the embedded service) as a real child process, for black-box tests.
+
+`serve` starts it on a free loopback port with an assumed clock error (so timers fire on a
+host whose clock is not reported synchronised), `wait_serving` reads its structured start-up
+lines until it says `serving`, and `stop` ends it by SIGTERM (SIGKILL if it does not stop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVING_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(
+    data: Path, *args: str, port: int | None = None, clock_error_ms: int = 5
+) -> tuple[subprocess.Popen[str], int]:
+    """Start `nereus serve --data DATA` with `args`; its stderr is a pipe of JSON lines."""
+    port = port or free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nereus",
+            "serve",
+            "--data",
+            str(data),
+            "--http",
+            f"127.0.0.1:{port}",
+            "--assume-clock-error-ms",
+            str(clock_error_ms),
+            *args,
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    return proc, port
+
+
+def wait_serving(
+    proc: subprocess.Popen[str], timeout_s: float = SERVING_TIMEOUT_S
+) -> list[dict[str, Any]]:
+    """The start-up lines up to and including `serving`; kills the process if it never
+    serves."""
+    assert proc.stderr is not None
+    lines: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(json.loads(line))
+        if lines[-1]["event"] == "serving":
+            return lines
+    proc.kill()
+    raise AssertionError(f"never served: {lines}")
+
+
+def stop(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
