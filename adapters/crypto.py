@@ -1,27 +1,40 @@
-"""Payload encryption at schedule: AES-256-GCM envelopes bound to one timer.
+"""Encryption at schedule: AES-256-GCM envelopes bound to one timer.
 
     import base64, os
-    from nereus.adapters.crypto import Keyring, open_envelope, seal
+    from nereus.adapters.crypto import Keyring, open_envelope, open_message, seal, seal_message
 
     keyring = Keyring({"k1": base64.b64encode(os.urandom(32)).decode()})
     ident = {"tenant": "acme", "queue": "reminders", "timer_key": "trial:acme:day7"}
     envelope = seal(keyring, "k1", b'{"kind":"day7"}', **ident)
     assert envelope.startswith(b"NRE1")
     assert open_envelope(keyring, envelope, **ident) == b'{"kind":"day7"}'
+    sealed = seal_message(keyring, "k1", b"{}", [("plan", "gold")], **ident)
+    assert sealed.startswith(b"NRE2")
+    assert open_message(keyring, sealed, **ident) == ((("plan", "gold"),), b"{}")
 
-Theory of operation: a queue with an encryption key has its payload sealed when the timer is
-scheduled, so the store, the log, exports and peeks only ever hold the envelope; the
-destination receives the envelope unchanged (with the header `nereus-encryption`) and the
-consumer opens it with the same keyring. Nereus itself never decrypts.
+Theory of operation: a queue with an encryption key has its payload, and its headers, sealed
+when the timer is scheduled, so the store, the log, exports, snapshots and peeks only ever
+hold the envelope; the destination receives the envelope unchanged (with the header
+`nereus-encryption`) and the consumer opens it with the same keyring. Nereus itself never
+decrypts. Headers travel inside the envelope because a record's headers are stored and
+delivered as given: sealed there they are never at rest in clear, and the log records of a
+sealed schedule carry no headers of their own (an older record's meaning is unchanged).
 
 Envelope bytes::
 
-    b"NRE1" | key-id length (1 byte, 1..64) | key id (ASCII) | nonce (12) | ciphertext || tag (16)
+    magic (4) | key-id length (1 byte, 1..64) | key id (ASCII) | nonce (12) | ciphertext || tag (16)
+
+Two magics: `NRE1` seals the payload alone; `NRE2` seals the headers and the payload, its
+clear text being the header count (4 bytes big-endian), then each header's name and value
+(UTF-8, each with a 4-byte big-endian length prefix), then the payload. A timer without
+headers is sealed as `NRE1`, byte for byte as before `NRE2` existed, so an identical retry
+across an upgrade stays identical.
 
 The associated data is the envelope header (magic, key-id length, key id) followed by the
 tenant, queue and timer key, each UTF-8 with a 4-byte big-endian length prefix. So an envelope
-authenticates only for the timer it was sealed for and under the key id it names; moving it to
-another timer, relabelling it with another key id, or changing any byte fails authentication.
+authenticates only for the timer it was sealed for, under the key id and the magic it names;
+moving it to another timer, relabelling it with another key id or magic, or changing any
+byte fails authentication.
 
 Declared consequence of rotation: a key replaced under the same id (or removed) between
 schedule and fire leaves the records sealed under the old key undecryptable with the new
@@ -37,7 +50,7 @@ import hashlib
 import hmac
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:
@@ -48,18 +61,28 @@ __all__ = [
     "ENVELOPE_OVERHEAD_BYTES",
     "KEY_BYTES",
     "MAGIC",
+    "MAGIC_WITH_HEADERS",
     "NONCE_BYTES",
     "TAG_BYTES",
     "EnvelopeError",
     "Keyring",
+    "OpenedMessage",
     "ParsedEnvelope",
+    "headers_frame_bytes",
     "open_envelope",
+    "open_message",
     "parse_envelope",
     "seal",
+    "seal_message",
+    "sealed_size",
 ]
 
+Headers = Sequence[tuple[str, str]]
+
 ALGORITHM = "aes-256-gcm"
-MAGIC = b"NRE1"
+MAGIC = b"NRE1"  # the payload alone
+MAGIC_WITH_HEADERS = b"NRE2"  # the headers, then the payload
+_MAGICS = (MAGIC, MAGIC_WITH_HEADERS)
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
@@ -90,6 +113,13 @@ class ParsedEnvelope(NamedTuple):
     ciphertext: bytes  # includes the 16-byte tag
 
 
+class OpenedMessage(NamedTuple):
+    """What an envelope sealed: the headers (empty for an `NRE1` envelope) and the payload."""
+
+    headers: tuple[tuple[str, str], ...]
+    payload: bytes
+
+
 def _check_key_id(key_id: object) -> str:
     if not isinstance(key_id, str):
         raise ValueError(f"key id {key_id!r}: must be a string")
@@ -103,8 +133,20 @@ def _check_key_id(key_id: object) -> str:
 
 
 def ENVELOPE_OVERHEAD_BYTES(key_id: str) -> int:  # noqa: N802 - a size constant per key id
-    """How many bytes sealing adds to a payload under `key_id`."""
+    """How many bytes sealing adds to a payload without headers under `key_id`."""
     return len(MAGIC) + 1 + len(_check_key_id(key_id)) + NONCE_BYTES + TAG_BYTES
+
+
+def headers_frame_bytes(headers: Headers) -> int:
+    """How many bytes `headers` take inside an envelope: none without headers (`NRE1`)."""
+    if not headers:
+        return 0
+    return 4 + sum(8 + len(name.encode()) + len(value.encode()) for name, value in headers)
+
+
+def sealed_size(key_id: str, payload_bytes: int, headers: Headers = ()) -> int:
+    """The size of the envelope that seals `payload_bytes` bytes and `headers`."""
+    return ENVELOPE_OVERHEAD_BYTES(key_id) + headers_frame_bytes(headers) + payload_bytes
 
 
 class Keyring:
@@ -166,9 +208,42 @@ def _aesgcm() -> type[AESGCM]:
     return AESGCM
 
 
-def _header(key_id: str) -> bytes:
+def _header(key_id: str, magic: bytes = MAGIC) -> bytes:
     kid = key_id.encode("ascii")
-    return MAGIC + bytes([len(kid)]) + kid
+    return magic + bytes([len(kid)]) + kid
+
+
+def _frame_headers(headers: Headers) -> bytes:
+    parts = [struct.pack(">I", len(headers))]
+    for name, value in headers:
+        for text in (name, value):
+            encoded = text.encode("utf-8")
+            parts.append(struct.pack(">I", len(encoded)))
+            parts.append(encoded)
+    return b"".join(parts)
+
+
+def _unframe_headers(clear: bytes) -> OpenedMessage:
+    """The headers and payload of an `NRE2` envelope's clear text. The text was
+    authenticated, so a bad frame means a sealer with the key wrote it wrong: named, never
+    guessed at."""
+    at = 4
+    try:
+        (count,) = struct.unpack_from(">I", clear, 0)
+        pairs: list[tuple[str, str]] = []
+        for _ in range(count):
+            fields: list[str] = []
+            for _side in range(2):
+                (size,) = struct.unpack_from(">I", clear, at)
+                at += 4
+                if at + size > len(clear):
+                    raise ValueError("a header runs past the end")
+                fields.append(clear[at : at + size].decode("utf-8"))
+                at += size
+            pairs.append((fields[0], fields[1]))
+    except (struct.error, ValueError) as exc:
+        raise EnvelopeError("not_an_envelope", f"the sealed headers are malformed: {exc}") from None
+    return OpenedMessage(tuple(pairs), clear[at:])
 
 
 def _associated_data(header: bytes, tenant: str, queue: str, timer_key: str) -> bytes:
@@ -191,21 +266,43 @@ def seal(
     timer_key: str,
 ) -> bytes:
     """The envelope of `payload` under `key_id`, bound to (tenant, queue, timer_key)."""
+    return seal_message(
+        keyring, key_id, payload, (), tenant=tenant, queue=queue, timer_key=timer_key
+    )
+
+
+def seal_message(
+    keyring: Keyring,
+    key_id: str,
+    payload: bytes,
+    headers: Headers,
+    *,
+    tenant: str,
+    queue: str,
+    timer_key: str,
+) -> bytes:
+    """The envelope of `headers` (in their order) and `payload` under `key_id`, bound to
+    (tenant, queue, timer_key): `NRE2`, or `NRE1` when there are no headers."""
     cipher = keyring._cipher(_check_key_id(key_id))
     if cipher is None:
         raise ValueError(f"key id {key_id!r}: not in the keyring")
-    header = _header(key_id)
+    clear = bytes(payload)
+    magic = MAGIC
+    if headers:
+        clear = _frame_headers(headers) + clear
+        magic = MAGIC_WITH_HEADERS
+    header = _header(key_id, magic)
     aad = _associated_data(header, tenant, queue, timer_key)
     # A synthetic nonce: HMAC of everything sealed, under a key derived from the AES key.
-    # The same (identity, payload) always gives the same envelope, so a client's identical
-    # retry of an encrypted schedule is the identical request the kernel answers `unchanged`
-    # (a random nonce would make it a new generation, delivered twice). Different inputs get
-    # independent 96-bit nonces, so key-stream reuse needs an HMAC collision; what it gives
-    # away is only that two envelopes of the same timer hold the same payload.
-    nonce = hmac.new(keyring._nonce_keys[key_id], aad + bytes(payload), hashlib.sha256).digest()[
+    # The same (identity, headers, payload) always gives the same envelope, so a client's
+    # identical retry of an encrypted schedule is the identical request the kernel answers
+    # `unchanged` (a random nonce would make it a new generation, delivered twice). Different
+    # inputs get independent 96-bit nonces, so key-stream reuse needs an HMAC collision; what
+    # it gives away is only that two envelopes of the same timer hold the same content.
+    nonce = hmac.new(keyring._nonce_keys[key_id], aad + clear, hashlib.sha256).digest()[
         :NONCE_BYTES
     ]
-    return header + nonce + cipher.encrypt(nonce, bytes(payload), aad)
+    return header + nonce + cipher.encrypt(nonce, clear, aad)
 
 
 def parse_envelope(envelope: bytes) -> ParsedEnvelope:
@@ -216,8 +313,10 @@ def parse_envelope(envelope: bytes) -> ParsedEnvelope:
         raise EnvelopeError(
             "not_an_envelope", f"{len(data)} bytes, shorter than any envelope ({_MIN_ENVELOPE})"
         )
-    if data[: len(MAGIC)] != MAGIC:
-        raise EnvelopeError("not_an_envelope", f"does not start with {MAGIC!r}")
+    if data[: len(MAGIC)] not in _MAGICS:
+        raise EnvelopeError(
+            "not_an_envelope", f"does not start with {MAGIC!r} or {MAGIC_WITH_HEADERS!r}"
+        )
     kid_len = data[len(MAGIC)]
     if not 1 <= kid_len <= MAX_KEY_ID_LENGTH:
         raise EnvelopeError("not_an_envelope", f"key id length {kid_len} out of range")
@@ -242,8 +341,23 @@ def open_envelope(
     queue: str,
     timer_key: str,
 ) -> bytes:
-    """The payload sealed in `envelope` for (tenant, queue, timer_key), or `EnvelopeError`."""
+    """The payload sealed in `envelope` for (tenant, queue, timer_key), or `EnvelopeError`.
+    The headers an `NRE2` envelope also seals are left out: `open_message` answers both."""
+    return open_message(keyring, envelope, tenant=tenant, queue=queue, timer_key=timer_key).payload
+
+
+def open_message(
+    keyring: Keyring,
+    envelope: bytes,
+    *,
+    tenant: str,
+    queue: str,
+    timer_key: str,
+) -> OpenedMessage:
+    """The headers and payload sealed in `envelope` for (tenant, queue, timer_key), or
+    `EnvelopeError`; an `NRE1` envelope sealed no headers."""
     key_id, nonce, ciphertext = parse_envelope(envelope)
+    magic = bytes(envelope[: len(MAGIC)])
     cipher = keyring._cipher(key_id)
     if cipher is None:
         raise EnvelopeError(
@@ -251,12 +365,15 @@ def open_envelope(
         )
     from cryptography.exceptions import InvalidTag  # noqa: PLC0415  (a keyring imported it)
 
-    aad = _associated_data(_header(key_id), tenant, queue, timer_key)
+    aad = _associated_data(_header(key_id, magic), tenant, queue, timer_key)
     try:
-        return cipher.decrypt(nonce, ciphertext, aad)
+        clear = cipher.decrypt(nonce, ciphertext, aad)
     except InvalidTag:
         raise EnvelopeError(
             "authentication_failed",
             f"under key id {key_id!r}: wrong or rotated key, an envelope sealed for another "
             "(tenant, queue, timerKey), or altered bytes",
         ) from None
+    if magic == MAGIC:
+        return OpenedMessage((), clear)
+    return _unframe_headers(clear)

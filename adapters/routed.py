@@ -1,11 +1,12 @@
 """Destinations chosen per queue: some queues to Pulsar targets, the rest to another.
 
 Theory of operation: a `RoutedDestination` is one `runtime.destination.Destination` made of
-named targets (the local destination, Pulsar targets), with a queue -> target map and a
-default target for the queues not in it. Everything the runtime asks by queue (topic,
-capability) goes to the queue's target; what it asks by topic (size limits, sends, evidence
+named targets (the local destination, Pulsar targets), with a queue -> target map (keys
+`queue`, every tenant's, or `tenant/queue`, one tenant's, which wins) and a default target
+for the queues not in it. Everything the runtime asks by tenant and queue (topic,
+capability) goes to that queue's target; what it asks by topic (size limits, sends, evidence
 lookups) goes to the target that owns the topic. Topics are given out by the targets
-themselves (a Pulsar topic is a full `persistent://` name, a local one the queue's name), so
+themselves (a Pulsar topic is a full `persistent://` name, a local one never is), so
 a topic names exactly one target; a dead-letter topic (`<topic>.dlq`) belongs to the target
 of its topic. Sends and lookups are split by target and each target's results are merged.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence
 from nereus.runtime.destination import (
     DLQ_SUFFIX,
@@ -44,9 +46,9 @@ class RoutedDestination:
         *,
         name: str = "routed",
     ) -> None:
-        for queue, target in queues.items():
+        for key, target in queues.items():
             if target not in targets:
-                raise ValueError(f"queue {queue!r} is routed to an unknown target {target!r}")
+                raise ValueError(f"queue {key!r} is routed to an unknown target {target!r}")
         if default not in targets:
             raise ValueError(f"the default target {default!r} is not one of the targets")
         self.name = name
@@ -55,8 +57,11 @@ class RoutedDestination:
         self.default = default
         self._owners: dict[str, str] = {}
 
-    def target_of(self, queue: str) -> Destination:
-        return self.targets[self.queues.get(queue, self.default)]
+    def _target_name(self, queue: str, tenant: str) -> str:
+        return self.queues.get(f"{tenant}/{queue}") or self.queues.get(queue) or self.default
+
+    def target_of(self, queue: str, tenant: str = DEFAULT_TENANT) -> Destination:
+        return self.targets[self._target_name(queue, tenant)]
 
     def open(self, store_id: str) -> None:
         for name, target in self.targets.items():
@@ -67,9 +72,9 @@ class RoutedDestination:
                     "cannot carry its proofs of absence"
                 )
 
-    def topic_for(self, queue: str) -> str:
-        name = self.queues.get(queue, self.default)
-        topic = self.targets[name].topic_for(queue)
+    def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
+        name = self._target_name(queue, tenant)
+        topic = self.targets[name].topic_for(queue, tenant=tenant)
         owner = self._owners.setdefault(topic, name)
         if owner != name:
             raise ValueError(f"topic {topic!r} is given out by both {owner!r} and {name!r}")
@@ -81,11 +86,11 @@ class RoutedDestination:
             name = self._owners.get(topic[: -len(DLQ_SUFFIX)])
         return self.targets[name if name is not None else self.default]
 
-    def capability_for(self, queue: str) -> Capability:
-        return capability_for(self.target_of(queue), queue)
+    def capability_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> Capability:
+        return capability_for(self.target_of(queue, tenant), queue, tenant=tenant)
 
-    def accepts(self, queue: str, capability: Capability) -> bool:
-        return accepts(self.target_of(queue), queue, capability)
+    def accepts(self, queue: str, capability: Capability, *, tenant: str = DEFAULT_TENANT) -> bool:
+        return accepts(self.target_of(queue, tenant), queue, capability, tenant=tenant)
 
     def max_record_bytes(self, topic: str) -> int:
         return self._owner(topic).max_record_bytes(topic)

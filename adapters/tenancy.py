@@ -6,10 +6,12 @@
 Theory of operation: the file is parsed with `tomllib` and converted into frozen msgspec
 structs that refuse unknown keys; every other rule (a tenant horizon above the cell's, a
 payload ceiling above 1 MiB, a queue naming an unknown key, a key that is not 32 bytes, a
-token listed twice, ...) is checked here too, so a bad file stops the service at start with
-a `ConfigError` naming the file and the key, never a traceback. The result is a `Tenancy`:
-per tenant its derived limits (horizon, payload ceiling, quotas, rate), its queues'
-encryption keys, and the bearer credentials that map to it (kept as sha256 digests only).
+token listed twice, two tenants mapped to one destination topic not declared shared
+(`[kafka_destination]`, `[pulsar]`: `adapters.tenant_topics`), ...) is checked here too,
+so a bad file stops the service at start with a `ConfigError` naming the file and the key,
+never a traceback. The result is a `Tenancy`: per tenant its derived limits (horizon,
+payload ceiling, quotas, rate), its queues' encryption keys, and the bearer credentials that
+map to it (kept as sha256 digests only).
 
 Without a file the service has one tenant, `default`, that needs no credential and holds
 every grant (`Tenancy.open_default()`, `auth_disabled`).
@@ -40,6 +42,7 @@ import msgspec
 from nereus.adapters.crypto import Keyring
 from nereus.adapters.http.contract import GRANTS, MAX_PAYLOAD_CEILING_BYTES, Grant, HttpLimits
 from nereus.adapters.pulsar.config import PulsarRouting, parse_section, routing_for_url
+from nereus.adapters.tenant_topics import KafkaTopicsSection, topic_problem
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.keys import DEFAULT_TENANT
 
@@ -95,6 +98,8 @@ class TokenSection(_Strict, frozen=True):
 
 class QueueSection(_Strict, frozen=True):
     encryption_key: str | None = None
+    # With a key, the headers are sealed inside the payload's envelope unless this says no.
+    seal_headers: bool = True
 
 
 class TenantSection(_Strict, frozen=True):
@@ -118,6 +123,7 @@ class ConfigFile(_Strict, frozen=True):
     tenants: dict[str, object] = {}  # `TenantSection` each
     # The destinations of queues (`adapters.pulsar.config`): checked by `pulsar_routing`.
     pulsar: dict[str, object] = {}
+    kafka_destination: KafkaTopicsSection = KafkaTopicsSection()
 
 
 KafkaValue = str | int | float | bool
@@ -181,10 +187,16 @@ class TenantPolicy:
     max_ops_per_s: float | None
     blocked: bool
     queue_keys: dict[str, str] = field(default_factory=dict)  # queue -> encryption key id
+    # Encrypted queues whose headers stay clear (`seal_headers = false`); the rest seal them.
+    clear_header_queues: frozenset[str] = frozenset()
 
     @property
     def has_quota(self) -> bool:
         return self.max_live_timers is not None or self.max_bytes is not None
+
+    def sealed_headers(self, queue: str) -> bool:
+        """Whether `queue`'s headers are sealed inside its payload's envelope."""
+        return queue in self.queue_keys and queue not in self.clear_header_queues
 
 
 @dataclass(frozen=True)
@@ -207,16 +219,19 @@ class Tenancy:
     # `[kafka]`: librdkafka client settings for Kafka mode, secrets resolved.
     kafka_settings: dict[str, KafkaValue] = field(default_factory=dict)
     pulsar: dict[str, object] = field(default_factory=dict)  # the raw `[pulsar]` section
+    kafka_destination: KafkaTopicsSection = field(default_factory=KafkaTopicsSection)
 
     def pulsar_routing(self, service_url: str | None) -> PulsarRouting | None:
         """Which queues go to which Pulsar target (`[pulsar]`, `--pulsar URL`), or None when
-        every queue stays on the local destination."""
+        every queue stays on the local destination. `--topic` mappings and the check of
+        `--pulsar URL`'s routing: `adapters.cli.destinations`."""
         if self.pulsar:
             return parse_section(
                 self.pulsar,
                 lambda key, problem: ConfigError(self.source, key, problem),
                 lambda value, typ, at: _convert(value, typ, at, self.source),
                 service_url=service_url,
+                tenants=self.tenants,
             )
         if service_url is not None:
             return routing_for_url(service_url, {})
@@ -427,6 +442,7 @@ def _build(cfg: ConfigFile, source: str, env: Mapping[str, str]) -> Tenancy:
         if t.max_ops_per_s is not None and not 0 < t.max_ops_per_s < float("inf"):
             raise fail(f"{at}.max_ops_per_s", "must be a positive number")
         queue_keys: dict[str, str] = {}
+        clear_header_queues: set[str] = set()
         for queue, raw_queue in t.queues.items():
             q = _convert(raw_queue, QueueSection, f"{at}.queues.{queue}", source)
             if not _name_ok(queue):
@@ -441,6 +457,13 @@ def _build(cfg: ConfigFile, source: str, env: Mapping[str, str]) -> Tenancy:
                         f"key {q.encryption_key!r} is not in [keys]",
                     )
                 queue_keys[queue] = q.encryption_key
+                if not q.seal_headers:
+                    clear_header_queues.add(queue)
+            elif not q.seal_headers:
+                raise fail(
+                    f"{at}.queues.{queue}.seal_headers",
+                    "only an encrypted queue (encryption_key) seals headers",
+                )
         for index, tok in enumerate(t.tokens):
             where = f"{at}.tokens[{index}]"
             digest = _token_digest(tok, where, fail)
@@ -462,6 +485,7 @@ def _build(cfg: ConfigFile, source: str, env: Mapping[str, str]) -> Tenancy:
             max_ops_per_s=t.max_ops_per_s,
             blocked=t.blocked,
             queue_keys=queue_keys,
+            clear_header_queues=frozenset(clear_header_queues),
         )
     tenancy = Tenancy(
         source=source,
@@ -472,7 +496,15 @@ def _build(cfg: ConfigFile, source: str, env: Mapping[str, str]) -> Tenancy:
         keyring=keyring,
         kafka_settings=settings,
         pulsar=cfg.pulsar,
+        kafka_destination=cfg.kafka_destination,
     )
+    # The mappings themselves; Kafka mode checks the names it derives too
+    # (`adapters.cli.destinations.kafka_topics`).
+    section = cfg.kafka_destination
+    clash = topic_problem(section.topics, tenants, shared=section.shared_topics, open_ended=False)
+    if clash is not None:
+        key = "kafka_destination.topics" + (f".{clash.key}" if clash.key else "")
+        raise fail(key, clash.problem)
     if cfg.pulsar:
         tenancy.pulsar_routing(None if _has_urls(cfg.pulsar) else "pulsar://unset")
     return tenancy

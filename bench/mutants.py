@@ -420,8 +420,8 @@ STORAGE = (
         "P6 PUBLISHED only with evidence of a record that is there",
         one(
             "adapters/local/destination.py",
-            "max_dbs=8, sync=sync)",
-            "max_dbs=8, sync=False)",
+            "max_dbs=8, sync=sync,",
+            "max_dbs=8, sync=False,",
         ),
         STORAGE_TESTS,
     ),
@@ -653,6 +653,22 @@ PULSAR_EVIDENCE = (
     ),
 )
 
+# A Pulsar delayed send never makes a batch vanish (specs/pulsar.md, "Delayed and ordinary
+# sends on one topic").
+PULSAR_SENDS = (
+    Mutant(
+        "R5",
+        "a handed-off send goes through its topic's batching producer, with the ordinary ones",
+        "P4/P6 a delayed send never makes a batch vanish (no Ok without a position, no UNKNOWN)",
+        one(
+            "adapters/pulsar/destination.py",
+            "which = (p.topic, reveal_ms is not None)",
+            "which = (p.topic, False)",
+        ),
+        ("tests/test_pulsar_destination.py", "tests/test_pulsar_mixed_sends.py"),
+    ),
+)
+
 # Issue 30, item 2: one owner per store.
 STORE_LOCK = (
     Mutant(
@@ -668,6 +684,87 @@ STORE_LOCK = (
     ),
 )
 
+# Issue 31, item 5: sealed at rest, private files.
+AT_REST = (
+    Mutant(
+        "Z1",
+        "an encrypted queue's headers are sealed in the envelope and also kept in the record",
+        "an encrypted queue's headers are never at rest in clear (store, snapshots, exports)",
+        one(
+            "adapters/http/api.py",
+            "headers, encrypted = (() if sealed else headers), True",
+            "encrypted = True",
+        ),
+        ("tests/test_http_encryption.py", "tests/test_file_modes.py"),
+    ),
+    Mutant(
+        "Z2",
+        "the shard store's LMDB files are created with py-lmdb's default mode (0644 after LMDB)",
+        "what Nereus creates under a data directory is 0600/0700 unless configured",
+        one(
+            "storage/env.py",
+            "mode=files.file_mode(),  # data.mdb",
+            "# data.mdb",
+        ),
+        ("tests/test_file_modes.py", "tests/test_cli_data_dirs.py", "tests/test_store_lock.py"),
+    ),
+    Mutant(
+        "Z3",
+        "directories are made with the process's default mode (0777 less the umask)",
+        "what Nereus creates under a data directory is 0600/0700 unless configured",
+        one("storage/files.py", "os.mkdir(directory, mode)", "os.mkdir(directory)"),
+        ("tests/test_file_modes.py", "tests/test_cli_data_dirs.py", "tests/test_store_lock.py"),
+    ),
+)
+
+# Issue 31, item 4: a tenant's deliveries are its own (specs/destinations.md).
+TENANT_TOPIC_TESTS = ("tests/test_tenant_topics.py", "tests/test_http_tenant_topics.py")
+TENANT_TOPICS = (
+    Mutant(
+        "N1",
+        "the local destination names a tenant's topic by its queue alone",
+        "P10 a tenant's deliveries are its own: no consumer reads another tenant's records",
+        one(
+            "adapters/tenant_topics.py",
+            "    if tenant == DEFAULT_TENANT:\n"
+            "        return queue\n"
+            '    return f"{tenant}{LOCAL_SEPARATOR}{queue}"',
+            "    return queue",
+        ),
+        TENANT_TOPIC_TESTS,
+        quick_tests=("tests/test_tenant_topics.py",),
+    ),
+    Mutant(
+        "N2",
+        "a broker topic two tenants reach is accepted at start without being declared shared",
+        "P10 two tenants share a topic only where the operator declared it shared",
+        one(
+            "adapters/tenant_topics.py",
+            "if len(users) > 1 and topic not in shared:",
+            "if len(users) > 2 and topic not in shared:",
+        ),
+        ("tests/test_tenant_topics.py", "tests/test_kafka_config.py"),
+    ),
+    Mutant(
+        "N3",
+        "a delivered record does not name its tenant",
+        "P10 every record names its tenant (a shared topic's consumer tells them apart by it)",
+        one("runtime/prepare.py", "        (H_TENANT, message.tenant.encode()),\n", ""),
+        (*TENANT_TOPIC_TESTS, "tests/test_simulator.py"),
+    ),
+    Mutant(
+        "N4",
+        "a Kafka search for a tenant's topic skips the topic its queue had before the upgrade",
+        "P12 absence only with proof (of the topic the attempt was sent to)",
+        one(
+            "adapters/kafka/destination.py",
+            "return self._reader.search([*lookups, *self._legacy_lookups(lookups)], wake)",
+            "return self._reader.search(lookups, wake)",
+        ),
+        ("tests/test_tenant_topics.py", "tests/test_kafka_tenants.py"),
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -678,5 +775,8 @@ CATALOGUE: tuple[Mutant, ...] = (
     *GUARDS_ISSUE30_A,
     *GUARDS_ISSUE30_B,
     *PULSAR_EVIDENCE,
+    *PULSAR_SENDS,
     *STORE_LOCK,
+    *AT_REST,
+    *TENANT_TOPICS,
 )

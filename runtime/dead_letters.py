@@ -196,6 +196,6 @@ class DeadLetters:
         self, copy: DeadLetterCopy, aid: str, message: Message, pending: DeadLetterPending
     ) -> None:
         copy.state = "looking"
-        topic = self.destination.topic_for(message.queue) + DLQ_SUFFIX
+        topic = self.destination.topic_for(message.queue, tenant=message.tenant) + DLQ_SUFFIX
         lookup = Lookup(aid, topic, pending.dead_lettered_at_ms)
         self.settler.want([Want(lookup, "dead_letter")])

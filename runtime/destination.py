@@ -43,6 +43,8 @@ H_TXN = "nereus-txn"
 H_DELIVER_AT = "nereus-deliver-at"
 H_PRODUCER = "nereus-producer"
 H_PRODUCER_SUB = "nereus-producer-sub"
+# The tenant whose timer the record is: its topic is the tenant's, or one declared shared.
+H_TENANT = "nereus-tenant"
 # On records whose value is an encryption envelope (adapters/crypto.py); value: the algorithm.
 H_ENCRYPTION = "nereus-encryption"
 # On dead-letter copies: the synthetic consumer group the copy is filed under.
@@ -223,7 +225,10 @@ class Destination(Protocol):
         """The largest record the topic accepts; checked at claim, before Admission."""
         ...
 
-    def topic_for(self, queue: str) -> str: ...
+    def topic_for(self, queue: str, *, tenant: str) -> str:
+        """The topic a tenant's queue is delivered to (`adapters.tenant_topics`): never one
+        another tenant's queue reaches, unless the operator declared it shared."""
+        ...
 
     def submit(self, sends: Sequence[Send], now_ms: int) -> None:
         """Start sending. Must not block for long; results come from `poll`."""
@@ -245,11 +250,11 @@ class QueueCapabilities(Protocol):
     right now (a Pulsar target withdraws its delayed handoff when the broker's settings stop
     certifying it)."""
 
-    def capability_for(self, queue: str) -> Capability:
-        """The capability a new schedule on `queue` is pinned to."""
+    def capability_for(self, queue: str, *, tenant: str) -> Capability:
+        """The capability a new schedule on the tenant's `queue` is pinned to."""
         ...
 
-    def accepts(self, queue: str, capability: Capability) -> bool:
+    def accepts(self, queue: str, capability: Capability, *, tenant: str) -> bool:
         """Whether a timer pinned to `capability` may be claimed and sent on `queue` now:
         False keeps it from being sent (its claim fails as capability_mismatch)."""
         ...
@@ -269,17 +274,19 @@ def _per_queue(destination: Destination) -> QueueCapabilities | None:
     return cast(QueueCapabilities, destination) if known else None
 
 
-def capability_for(destination: Destination, queue: str) -> Capability:
-    """The capability a schedule on `queue` is pinned to (the edges stamp it on SCHEDULE_V1)."""
+def capability_for(destination: Destination, queue: str, *, tenant: str) -> Capability:
+    """The capability a schedule on the tenant's `queue` is pinned to (the edges stamp it on
+    SCHEDULE_V1)."""
     per_queue = _per_queue(destination)
     if per_queue is not None:
-        return per_queue.capability_for(queue)
+        return per_queue.capability_for(queue, tenant=tenant)
     return destination.capability
 
 
-def accepts(destination: Destination, queue: str, capability: Capability) -> bool:
-    """Whether the destination may send a timer of `queue` pinned to `capability` now."""
+def accepts(destination: Destination, queue: str, capability: Capability, *, tenant: str) -> bool:
+    """Whether the destination may send a timer of the tenant's `queue` pinned to
+    `capability` now."""
     per_queue = _per_queue(destination)
     if per_queue is not None:
-        return per_queue.accepts(queue, capability)
+        return per_queue.accepts(queue, capability, tenant=tenant)
     return destination.capability == capability

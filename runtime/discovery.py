@@ -235,7 +235,9 @@ class Discovery:
                 isinstance(message, Message)
                 and message.status is _SCHEDULED
                 and still_matches(message, generation, work.version, action_at_ms)
-                and accepts(self.destination, message.queue, message.capability)
+                and accepts(
+                    self.destination, message.queue, message.capability, tenant=message.tenant
+                )
             ):
                 continue
             if not self.claims.permits.available(lane, message.payload_size):
@@ -311,14 +313,16 @@ class Discovery:
         permanent pre-send error. None while an uncertain retry waits for its look."""
         if message.status is _UNCERTAIN and not self._retry_checked(view, message):
             return None
-        if not accepts(self.destination, message.queue, message.capability):
+        tenant = message.tenant
+        if not accepts(self.destination, message.queue, message.capability, tenant=tenant):
+            offered = capability_for(self.destination, message.queue, tenant=tenant)
             return ClaimResult(
                 message.message_id,
                 message.generation,
                 message.version,
                 self.claims.next_claim_id(),
                 "capability_mismatch",
-                f"destination offers {capability_for(self.destination, message.queue)}",
+                f"destination offers {offered}",
             )
         prepared = prepare(
             message, view.payload(message.payload_digest), self.destination, self.config.owner

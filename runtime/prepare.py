@@ -4,7 +4,8 @@ Theory of operation: everything that can be proven wrong before a send is checke
 permanent problem becomes a CLAIM_RESULT_V1 in the log instead of a failed attempt: payload
 bytes missing, not matching their digest or size, or a record larger than the destination
 accepts. Nereus's own headers carry the identity and evidence keys (message id, generation,
-txn, producer); the attempt id header is added at send time. A message scheduled with
+txn, tenant, producer); the attempt id header is added at send time. The topic is the
+destination's for the message's tenant and queue. A message scheduled with
 `encrypted` holds an envelope (adapters/crypto.py), delivered unchanged with the
 `nereus-encryption` header on it and on its dead-letter copy.
 
@@ -34,6 +35,7 @@ from nereus.runtime.destination import (
     H_MESSAGE_ID,
     H_PRODUCER,
     H_PRODUCER_SUB,
+    H_TENANT,
     H_TXN,
     Destination,
     PreparedPublish,
@@ -71,7 +73,7 @@ def prepare(
         message,
         payload,
         destination,
-        destination.topic_for(message.queue),
+        destination.topic_for(message.queue, tenant=message.tenant),
         headers,
         capability=message.capability,
     )
@@ -131,7 +133,7 @@ def prepare_dead_letter(
         (H_DLQ_FAILURES, str(failures).encode()),
         (H_DLQ_LAST_ERROR, (last_error or "").encode()),
     ]
-    topic = destination.topic_for(message.queue) + DLQ_SUFFIX
+    topic = destination.topic_for(message.queue, tenant=message.tenant) + DLQ_SUFFIX
     if payload is None:
         omitted = [(H_DLQ_PAYLOAD_OMITTED, b"payload_missing")]
         return _publish(message, b"", destination, topic, history + omitted)
@@ -160,6 +162,9 @@ def _publish(
         (H_MESSAGE_ID, message.message_id.encode()),
         (H_GENERATION, str(message.generation).encode()),
         (H_TXN, message.txn.encode()),
+        # On every record, the dead-letter copy too: a consumer of a topic declared shared
+        # tells the tenants apart by it, and any consumer can check the record is its own.
+        (H_TENANT, message.tenant.encode()),
     ]
     if message.encrypted:
         # Here, not in prepare(): the dead-letter copy carries the same envelope, and a

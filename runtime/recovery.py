@@ -94,7 +94,7 @@ class Recovery:
         complete search that started after the retry came due missed every one of them;
         False while that look is still to be done (it is asked for here). A search that finds
         one records it PUBLISHED (`settle`), which ends the retry."""
-        topic = self.destination.topic_for(message.queue)
+        topic = self.destination.topic_for(message.queue, tenant=message.tenant)
         prefix = attempt_prefix(message.message_id, message.generation).encode()
         unchecked: list[Want] = []
         for _key, value in view.range(Table.ATTEMPTS, prefix, prefix + b"\xff"):
@@ -189,7 +189,7 @@ class Recovery:
                 continue
             message = view.get(Table.MESSAGES, str_key(ob.message_id))
             assert isinstance(message, Message)
-            topic = self.destination.topic_for(message.queue)
+            topic = self.destination.topic_for(message.queue, tenant=message.tenant)
             lookup = Lookup(attempt.attempt_id, topic, ob.admitted_at_ms)
             wants.append(Want(lookup, "attempt", attempt.fence_id))
         return wants

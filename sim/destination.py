@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published, Unknown
 from nereus.runtime.destination import (
     H_ATTEMPT_ID,
@@ -195,8 +196,9 @@ class SimDestination:
     def max_record_bytes(self, topic: str) -> int:
         return MAX_RECORD_BYTES
 
-    def topic_for(self, queue: str) -> str:
-        return queue
+    def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
+        # One topic per tenant's queue, named as the local destination names them.
+        return queue if tenant == DEFAULT_TENANT else f"{tenant}/{queue}"
 
     def submit(self, sends: Sequence[Send], now_ms: int) -> None:
         for send in sends:

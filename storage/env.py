@@ -18,6 +18,7 @@ from typing import Any
 import lmdb
 
 from nereus.kernel.model import TABLES, Table
+from nereus.storage import files
 from nereus.storage.errors import StoreError
 from nereus.storage.lmdbcheck import check_data_file
 from nereus.storage.lock import DirectoryLock, holder, lock_directory
@@ -118,7 +119,7 @@ def open_env(
     if not os.path.isdir(path):
         if not create:
             raise StoreError(path, "no store here (directory does not exist)")
-        os.makedirs(path, exist_ok=True)
+        files.make_dirs(path)
     elif not create and not os.path.exists(data_file):
         raise StoreError(data_file, "no store here (data file missing)")
     writer = holder(path) if read_only else None
@@ -161,6 +162,7 @@ def _open_lmdb(
             readahead=False,
             create=create,
             readonly=lock is None,
+            mode=files.file_mode(),  # data.mdb and lock.mdb (py-lmdb's default is 0755)
         )
     except lmdb.Error as exc:
         raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc

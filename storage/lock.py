@@ -27,6 +27,7 @@ import sys
 import time
 from typing import NamedTuple
 
+from nereus.storage import files
 from nereus.storage.errors import StoreError
 
 LOCK_NAME = "LOCK"
@@ -96,7 +97,7 @@ def lock_directory(directory: str) -> DirectoryLock:
     the holder. Never waits: a second owner is a mistake to report, not a turn to wait for."""
     path = os.path.join(directory, LOCK_NAME)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = files.create_file(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
         raise StoreError(path, f"cannot open the lock file: {exc.strerror}") from exc
     try:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 import lmdb
 
+from nereus.storage import files
 from nereus.storage.errors import StoreError
 
 _LMDB_ERROR_EXIT = 3
@@ -32,7 +33,10 @@ _OTHER_ERROR_EXIT = 4
 
 
 def _walk(path: str, names: Iterable[bytes]) -> None:
-    env = lmdb.open(path, readonly=True, create=False, max_dbs=64, readahead=False)
+    # A read-only open still makes lock.mdb where there is none (a copied store).
+    env = lmdb.open(
+        path, readonly=True, create=False, max_dbs=64, readahead=False, mode=files.file_mode()
+    )
     try:
         with env.begin() as txn:
             present = set(txn.cursor().iternext(values=False))

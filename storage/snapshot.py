@@ -13,6 +13,7 @@ first frame is a `SnapshotHeader`, then one `(table, key, value msgpack)` triple
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ import msgspec
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.digest import state_digest
 from nereus.kernel.model import TABLES, VALUE_TYPES, Obligation, ShardMeta, Table, Value
+from nereus.storage import files
 from nereus.storage.codec import frame, position_key, unframe
 from nereus.storage.errors import StoreError
 from nereus.storage.memory import MemoryStore
@@ -66,9 +68,12 @@ def write_snapshot(store: ShardStore) -> tuple[str, SnapshotHeader]:
             meta=state.meta,
         )
         path = snapshot_path(store, header.position)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        files.make_dirs(os.path.dirname(path))
         tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
+        # A crash's leftover would keep its own mode through the rewrite: start afresh.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        with open(tmp, "wb", opener=files.opener) as f:
             _write_frame(f, msgspec.msgpack.encode(header))
             for table in TABLES:
                 for key, value in state.items(table):

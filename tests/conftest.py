@@ -28,6 +28,16 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), every test of the shared Pulsar broker runs on
+    one worker: some pause that broker (SIGSTOP) to make sends time out, which would fail any
+    other test using it at that moment. Kafka tests that pause or stop a broker use one of
+    their own (tests/own_broker.py)."""
+    for item in items:
+        if "pulsar_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("shared-pulsar"))
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"nereus kernel: {compiled.describe()}"
 

@@ -31,6 +31,7 @@ from nereus.adapters.local.embedded import Nereus
 from nereus.adapters.metering import RateLimiter
 from nereus.adapters.tenancy import Tenancy, parse_tenancy
 from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.runtime.clock import ClockSource
 from nereus.storage.store import Appendable
 
@@ -189,10 +190,14 @@ class Service:
         assert len(results) == len(ops)
         return results
 
-    def delivered(self, queue: str = QUEUE) -> list[LocalRecord]:
+    def delivered(self, queue: str = QUEUE, tenant: str | None = None) -> list[LocalRecord]:
+        """What was delivered to a tenant's queue (default: the tenant of the default token,
+        acme, or the default tenant of a service without a config)."""
         dest = self.nereus.destination
         assert isinstance(dest, LocalDestination)
-        return list(dest.iter_all(queue))
+        if tenant is None:
+            tenant = DEFAULT_TENANT if self.api.tenancy.auth_disabled else "acme"
+        return list(dest.iter_all(dest.topic_for(queue, tenant=tenant)))
 
     def wait_for(self, what: str, done: Callable[[], bool]) -> None:
         deadline = time.monotonic() + WAIT_S

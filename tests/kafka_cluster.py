@@ -49,6 +49,7 @@ from nereus.replay.fold import replay
 from nereus.runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_MESSAGE_ID, H_PRODUCER
 from nereus.storage.memory import MemoryStore
 from nereus.storage.store import ShardStore
+from tests.serve_process import json_events
 
 ROOT = Path(__file__).resolve().parent.parent
 TENANT = "default"
@@ -143,16 +144,7 @@ class ServiceProc:
         return self
 
     def events(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if not self.log_path.exists():
-            return out
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-        return out
+        return json_events(self.log_path)
 
     def wait_serving(self, timeout_s: float = 60.0) -> ServiceProc:
         deadline = time.monotonic() + timeout_s

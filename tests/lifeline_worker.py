@@ -67,15 +67,6 @@ def pipe_ends(pid: int) -> dict[int, set[str]]:
     return ends
 
 
-def gone(pid: int) -> bool:
-    """The process has exited (reaped, or a zombie its new parent has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1].startswith("Z")
-    except OSError:
-        return True
-
-
 def main(mode: str, directory: Path) -> None:
     read_fd, _write_fd = lifeline_pipe()
     with open(directory / "child.log", "wb") as err:

@@ -10,6 +10,8 @@ file holds every page up to the last one counted.
 `lmdb_verdict` asks LMDB itself, in a forked child, whether it can read every row of the
 main database and of each named database and, with `write`, also commit a write transaction
 (a writer reads the free list). A file LMDB cannot use kills the child with SIGBUS.
+`ask_in_child` is that forked child, for any question about such a file: a signal that kills
+it is an answer, never the end of the test run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import random
 import signal
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,14 +123,30 @@ class Verdict:
 def lmdb_verdict(path: Path, *, write: bool = False) -> Verdict:
     """What LMDB makes of the environment at `path`, asked in a forked child: read every
     row of every database and, with `write`, commit a write (a writer reads the free list)."""
+    answer = ask_in_child(lambda: json.dumps(_read_every_row(str(path), write)))
+    if answer.signal is not None:
+        return Verdict(answer.signal, {}, answer.said)
+    return Verdict(None, json.loads(answer.said) if answer.exit_code == 0 else {}, answer.said)
+
+
+@dataclass(frozen=True)
+class ChildAnswer:
+    signal: str | None  # the signal that killed the child, if one did
+    exit_code: int  # 0 when the question returned, 3 when it raised
+    said: str  # what the question returned, or the repr of what it raised
+
+
+def ask_in_child(question: Callable[[], str]) -> ChildAnswer:
+    """Run `question` in a forked child with the fault handler off (a SIGBUS there is an
+    answer, not a crash to report) and bring back what it said through a pipe."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: answer through the pipe, never return
         code = 0
         try:
             os.close(read_fd)
-            faulthandler.disable()  # a SIGBUS is an answer here, not a crash to report
-            os.write(write_fd, json.dumps(_read_every_row(str(path), write)).encode())
+            faulthandler.disable()
+            os.write(write_fd, question().encode())
         except BaseException as exc:
             os.write(write_fd, repr(exc).encode()[:2000])
             code = 3
@@ -137,8 +156,8 @@ def lmdb_verdict(path: Path, *, write: bool = False) -> Verdict:
         said = pipe.read().decode(errors="replace")
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        return Verdict(signal.Signals(os.WTERMSIG(status)).name, {}, said)
-    return Verdict(None, json.loads(said) if os.WEXITSTATUS(status) == 0 else {}, said)
+        return ChildAnswer(signal.Signals(os.WTERMSIG(status)).name, -1, said)
+    return ChildAnswer(None, os.WEXITSTATUS(status), said)
 
 
 def _read_every_row(path: str, write: bool) -> dict[str, int]:

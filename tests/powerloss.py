@@ -9,7 +9,8 @@ is killed, `cut_power` puts each shadow in place of its file and removes LMDB's 
 as a machine that lost power and booted again would find them. A rename reaches the disk
 only when its directory is synced (the shim then renames the shadow); `cut_power_folder`
 gives a folder whose files are all tracked its power-loss image: each file under its durable
-name with its durable bytes, and no file whose name never became durable.
+name with its durable bytes, and no file whose name never became durable. `script_under_shim`
+runs a small Python script under the shim, for the tests of the shim itself.
 
 The shim is compiled by the first test that needs it, with the machine's C compiler, into
 a directory of the session; where there is no compiler the test is skipped with that reason,
@@ -23,8 +24,11 @@ import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -105,6 +109,27 @@ def cut_power_folder(shadows: Path, folder: Path) -> None:
             path.unlink()
     for path, shadow in durable.items():
         shutil.copyfile(shadow, path)
+
+
+@contextmanager
+def script_under_shim(
+    script: str, argument: Path, shadows: Path, names: tuple[str, ...], where: str
+) -> Iterator[None]:
+    """Run the Python `script` (its one argument: `argument`) under the shim, tracking the
+    files `names` match, until it prints `ready`; the body sees what the running process
+    wrote, and the process is killed on leaving it (the caller then cuts the power)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(argument)],
+        env=child_env(shadows, names),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_ready(proc, where, 30)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _read_acks(proc: subprocess.Popen[bytes], count: int, where: str) -> list[str]:

@@ -7,13 +7,15 @@ local destination's `before_send` hook, which records it (the order of service) 
 in a read transaction of its own on the shard store, that the attempt is durably PUBLISHING
 (`tests.service_worker.send_problem`). `crash()` abandons the runtime the way a killed
 process would: nothing more is committed, the in-memory results are lost, and the files are
-closed; `reopen()` starts a new runtime on the same files.
+closed; `reopen()` starts a new runtime on the same files. `run_until` ticks any runtime on
+the test's thread, against real time, until a condition holds (the Kafka tests' owners).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,15 @@ class Harness:
 
     def delivered(self, queue: str = "q") -> list[LocalRecord]:
         return list(self.destination.iter_all(queue))
+
+
+def run_until(runtime: ShardRuntime, done: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Tick `runtime` every 10 ms until `done()`; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        runtime.run_once()
+        time.sleep(0.01)
 
 
 def digest(payload: bytes) -> str:

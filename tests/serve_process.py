@@ -3,6 +3,7 @@
 `serve` starts it on a free loopback port with an assumed clock error (so timers fire on a
 host whose clock is not reported synchronised), `wait_serving` reads its structured start-up
 lines until it says `serving`, and `stop` ends it by SIGTERM (SIGKILL if it does not stop).
+`json_events` reads back the JSON log lines a service (of any mode) wrote to a file.
 """
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ def wait_serving(
             return lines
     proc.kill()
     raise AssertionError(f"never served: {lines}")
+
+
+def json_events(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a log file, in order, skipping other lines (a traceback) and a last
+    line still being written; none while the file does not exist yet."""
+    if not path.exists():
+        return []
+    out: list[dict[str, Any]] = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
 
 
 def stop(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> None:

@@ -4,19 +4,24 @@ The embedded default keeps its shard in DIR/shard, Kafka mode one store per shar
 DIR/shard-N; a shard store's own directory (the old form) still works. With several shards
 every one is read in turn (one section, or one JSON document `{"shards": {...}}`), or the
 one `--shard N` names; a directory holding no store is refused saying what was looked for,
-and one damaged shard is reported without hiding the others.
+and one damaged shard is reported without hiding the others. What `export`, `import`,
+`snapshot` and `tail --group` create is private (files 0600, directories 0700) unless
+`--file-mode` widens it (`0640`: directories `0750`); a mode with other bits is refused.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nereus.adapters.cli.main import main as nereus
+from nereus.storage import files
 from nereus.storage.store import ShardStore
 from tests.builders import T0_MS, schedule
+from tests.file_modes import wrong_modes
 
 PAYLOAD = b"payload"
 
@@ -162,3 +167,54 @@ def test_snapshot_of_every_kafka_shard(kafka: Path, capsys: pytest.CaptureFixtur
     assert out.count("compacted") == 3
     code, out, _ = _run(capsys, "snapshot", "--data", str(kafka), "--shard", "0")
     assert code == 0 and out.startswith("snapshot at position 1")
+
+
+# What the commands create: private unless --file-mode says otherwise ------------------------
+
+
+@pytest.fixture
+def file_mode_reset() -> Iterator[None]:
+    """`--file-mode` sets the process's mode (a command is one process); these tests run
+    several commands in this one, so it is put back after each."""
+    yield
+    files.set_file_mode(files.DEFAULT_FILE_MODE)
+
+
+@pytest.mark.usefixtures("file_mode_reset")
+def test_what_the_commands_create_is_private_unless_given_a_mode(
+    kafka: Path, embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Default first: once a command here is given --file-mode, this process keeps it.
+    exports, store = tmp_path / "private" / "exports", tmp_path / "private" / "store"
+    assert _run(capsys, "export", "--data", str(kafka), "--out", str(exports))[0] == 0
+    log = str(exports / "shard-3.jsonl")
+    assert _run(capsys, "import", "--log", log, "--data", str(store))[0] == 0
+    assert _run(capsys, "snapshot", "--data", str(store))[0] == 0
+    assert _run(capsys, "tail", "reminders", "--data", str(embedded), "--group", "g")[0] == 0
+    assert {"shard-0.jsonl", "LOCK", "data.mdb", "lock.mdb", "snapshots"} <= {
+        p.name for p in (tmp_path / "private").rglob("*")
+    }
+    assert wrong_modes(tmp_path / "private", file_mode=0o600, directory_mode=0o700) == []
+    # The fixture made `destination` itself; what tail's group made inside it is Nereus's.
+    made = sorted((embedded / "destination").iterdir())
+    assert {p.name for p in made} >= {"data.mdb", "lock.mdb", "consumers"}
+    for inside in made:
+        assert wrong_modes(inside, file_mode=0o600, directory_mode=0o700) == []
+
+    wide, mode = tmp_path / "wide", ("--file-mode", "0640")
+    assert _run(capsys, "export", "--data", str(kafka), "--out", str(wide / "x"), *mode)[0] == 0
+    log = str(wide / "x" / "shard-1.jsonl")
+    assert _run(capsys, "import", "--log", log, "--data", str(wide / "s"), *mode)[0] == 0
+    assert _run(capsys, "snapshot", "--data", str(wide / "s"), *mode)[0] == 0
+    assert wrong_modes(wide, file_mode=0o640, directory_mode=0o750) == []
+
+
+def test_a_file_mode_that_is_not_read_and_write_bits_is_refused(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for bad in ("0755", "0400", "rw", "01600"):
+        with pytest.raises(SystemExit) as info:
+            nereus(["snapshot", "--data", str(embedded), "--file-mode", bad])
+        assert info.value.code == 2
+        assert "file mode" in capsys.readouterr().err
+    assert files.file_mode() == files.DEFAULT_FILE_MODE

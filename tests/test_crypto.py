@@ -2,7 +2,8 @@
 and only for the timer they were sealed for; every failure to open is an `EnvelopeError` with
 a reason, never wrong bytes and never another exception; the keyring refuses bad keys without
 echoing them; and the embedded library delivers an envelope unchanged, with the
-`nereus-encryption` header.
+`nereus-encryption` header. Headers sealed with the payload (`NRE2`) never appear in the
+envelope, open with it, and are in no file of the data directory, a snapshot or an export.
 """
 
 from __future__ import annotations
@@ -24,15 +25,22 @@ from nereus.adapters.crypto import (
     ENVELOPE_OVERHEAD_BYTES,
     EnvelopeError,
     Keyring,
+    headers_frame_bytes,
     open_envelope,
+    open_message,
     parse_envelope,
     seal,
+    seal_message,
+    sealed_size,
 )
 from nereus.adapters.local.destination import LocalDestination
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import Message, Table
 from nereus.runtime.destination import H_ENCRYPTION, PreparedPublish
 from nereus.runtime.prepare import ENCRYPTION_ALGORITHM, prepare, prepare_dead_letter
+from nereus.storage.jsonl import export_log
+from nereus.storage.snapshot import write_snapshot
+from tests.file_modes import files_holding
 from tests.runtime_harness import T0_MS
 from tests.strategies import props
 
@@ -325,3 +333,96 @@ def test_the_dead_letter_copy_of_an_encrypted_message_carries_the_header(
         assert p.encrypted and (H_ENCRYPTION, b"aes-256-gcm") in p.headers
     assert dead.value == envelope and dead.topic == "q.dlq"
     assert all(name != H_ENCRYPTION for name, _ in clear_prepared.headers)
+
+
+# Sealed headers (NRE2) ---------------------------------------------------------------------
+
+# Distinctive text: found in bytes only where it was put, never by chance.
+_MARK = "zq-clear-"
+header_texts = st.text(
+    alphabet=st.characters(exclude_categories=["Cs"]), min_size=0, max_size=24
+).map(lambda s: _MARK + s)
+
+
+def test_headers_seal_as_nre2_and_open_with_the_payload() -> None:
+    headers = [("plan", "gold"), ("x-card", "4111 1111"), ("plan", "again")]
+    envelope = seal_message(KEYRING, "k1", b"{}", headers, **IDENT)
+    assert envelope[:4] == b"NRE2" and envelope[4] == 2 and envelope[5:7] == b"k1"
+    # The frame: a 4-byte count, then per header 4 + name + 4 + value (UTF-8 bytes).
+    frame = 4 + (8 + 4 + 4) + (8 + 6 + 9) + (8 + 4 + 5)
+    assert len(envelope) == 2 + 35 + frame == sealed_size("k1", 2, headers)
+    assert headers_frame_bytes(headers) == frame and headers_frame_bytes([]) == 0
+    # In their order, duplicates kept; open_envelope answers the payload alone.
+    assert open_message(KEYRING, envelope, **IDENT) == (tuple(headers), b"{}")
+    assert open_envelope(KEYRING, envelope, **IDENT) == b"{}"
+    assert parse_envelope(envelope).key_id == "k1"
+    # Without headers the envelope is NRE1, byte for byte what it was before NRE2.
+    bare = seal_message(KEYRING, "k1", b"{}", [], **IDENT)
+    assert bare == seal(KEYRING, "k1", b"{}", **IDENT) and bare[:4] == b"NRE1"
+    assert open_message(KEYRING, bare, **IDENT) == ((), b"{}")
+    assert sealed_size("k1", 2) == len(bare) == 2 + 35
+
+
+def test_the_magic_is_authenticated_both_ways() -> None:
+    with_headers = seal_message(KEYRING, "k1", b"x", [("a", "b")], **IDENT)
+    without = seal(KEYRING, "k1", b"x", **IDENT)
+    # Relabelled NRE2 -> NRE1 would hand the frame out as payload; NRE1 -> NRE2 would read
+    # payload bytes as headers. Neither opens.
+    assert _fails(b"NRE1" + with_headers[4:]).reason == "authentication_failed"
+    assert _fails(b"NRE2" + without[4:]).reason == "authentication_failed"
+
+
+@props(200)
+@given(
+    headers=st.lists(st.tuples(header_texts, header_texts), max_size=6),
+    payload=header_texts.map(str.encode),
+    ident=identities,
+)
+def test_sealed_headers_and_payload_never_appear_in_the_envelope(
+    headers: list[tuple[str, str]], payload: bytes, ident: dict[str, str]
+) -> None:
+    envelope = seal_message(KEYRING, "k1", payload, headers, **ident)
+    for text in [payload.decode(), *(t for pair in headers for t in pair)]:
+        assert text.encode() not in envelope
+    assert _MARK.encode() not in envelope
+    assert open_message(KEYRING, envelope, **ident) == (tuple(headers), payload)
+    assert len(envelope) == sealed_size("k1", len(payload), headers)
+    # Bound to its timer like a payload-only envelope.
+    with pytest.raises(EnvelopeError):
+        open_message(KEYRING, envelope, **{**ident, "timer_key": ident["timer_key"] + "!"})
+
+
+def test_the_library_path_keeps_sealed_headers_out_of_every_file(tmp_path: Path) -> None:
+    """The library stores and delivers what it is given: a caller that seals its headers
+    into the envelope finds none of them, nor the payload, in the shard store, the local
+    destination, a snapshot or an export; its consumer opens both from the record."""
+    clear_headers = [("x-holder", "Ada Lovelace"), ("x-plan", "platinum-annual")]
+    payload = b'{"card":"4242-4242-4242-4242"}'
+    ident = {"tenant": "default", "queue": "q", "timer_key": "secret"}
+    envelope = seal_message(KEYRING, "k1", payload, clear_headers, **ident)
+    clock = SimulatedClock(T0_MS, error_ms=5)
+    data = tmp_path / "data"
+    with Nereus.open(str(data), clock=clock) as n:
+        result = n.schedule("q", "secret", envelope, delay_ms=1_000, encrypted=True)
+        assert result.status == "scheduled"
+        dest = n.destination
+        assert isinstance(dest, LocalDestination)
+        n.start()
+        clock.advance(1_000 + 5)
+        deadline = time.monotonic() + 20
+        while not list(dest.iter_all("q")):
+            assert n.runtime.halted is None, n.runtime.halted
+            assert time.monotonic() < deadline, "timed out waiting for the delivery"
+            time.sleep(0.01)
+        (record,) = dest.iter_all("q")
+        write_snapshot(n.store)
+        with open(tmp_path / "export.jsonl", "w", encoding="utf-8") as out:
+            export_log(n.store, out)
+    assert record.payload == envelope and record.encrypted
+    assert all(name not in dict(clear_headers) for name, _ in record.headers)
+    opened = open_message(KEYRING, record.payload, **ident)
+    assert opened == (tuple(clear_headers), payload)
+    needles = [payload, *(t.encode() for pair in clear_headers for t in pair)]
+    searched = [*data.rglob("*"), tmp_path / "export.jsonl"]
+    assert any(p.name.startswith("snapshot-") for p in searched)
+    assert files_holding(searched, needles) == []

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from nereus.adapters.cli.destinations import kafka_topics
 from nereus.adapters.kafka.settings import refusal
-from nereus.adapters.tenancy import ConfigError, load_tenancy
+from nereus.adapters.tenancy import ConfigError, Tenancy, load_tenancy
 from tests.http_harness import KEY_B64
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,3 +172,100 @@ def test_serve_kafka_refuses_a_misspelled_setting_before_connecting(tmp_path: Pa
     ]
     assert "sasl.pasword" in refused["detail"] and refused["key"] == "kafka"
     assert refused["config"] == str(config)
+
+
+# A tenant's deliveries are its own: `[kafka_destination]` and `--topic` ------------------------
+
+TWO_TENANTS = (
+    TENANT
+    + """
+[tenants.globex]
+[[tenants.globex.tokens]]
+token = "tok-globex"
+subject = "app"
+grants = ["produce", "read"]
+"""
+)
+
+
+def _tenancy(tmp_path: Path, destination: str, tenants: str = TWO_TENANTS) -> Tenancy:
+    path = tmp_path / "nereus.toml"
+    path.write_text(destination + tenants)
+    return load_tenancy(str(path), {})
+
+
+@pytest.mark.parametrize(
+    ("topics", "key", "mapping"),
+    [
+        # A bare key is every tenant's queue.
+        ('same = "orders"', "kafka_destination.topics.same", {"same": "orders"}),
+        (
+            '"acme/same" = "orders"\n"globex/same" = "orders"',
+            "kafka_destination.topics.globex/same",
+            {"acme/same": "orders", "globex/same": "orders"},
+        ),
+    ],
+)
+def test_two_tenants_mapped_to_one_kafka_topic_are_refused_unless_it_is_shared(
+    tmp_path: Path, topics: str, key: str, mapping: dict[str, str]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _tenancy(tmp_path, f"[kafka_destination.topics]\n{topics}\n")
+    assert caught.value.key == key and caught.value.source == str(tmp_path / "nereus.toml")
+    for word in ("'acme'", "'globex'", "'same'", "'orders'", "shared_topics"):
+        assert word in caught.value.problem, caught.value.problem
+    declared = '[kafka_destination]\nshared_topics = ["orders"]\n'
+    shared = _tenancy(tmp_path, f"{declared}[kafka_destination.topics]\n{topics}\n")
+    assert kafka_topics(shared, []) == mapping
+
+
+def test_each_tenant_its_own_topic_and_the_command_line_checked_too(tmp_path: Path) -> None:
+    tenancy = _tenancy(
+        tmp_path, '[kafka_destination.topics]\n"acme/same" = "same-a"\n"globex/same" = "same-g"\n'
+    )
+    assert kafka_topics(tenancy, ["acme/audit=audit-a"]) == {
+        "acme/same": "same-a",
+        "globex/same": "same-g",
+        "acme/audit": "audit-a",
+    }
+    with pytest.raises(ConfigError) as caught:
+        kafka_topics(tenancy, ["globex/same=same-a"])  # the flag sends globex to acme's
+    assert (caught.value.source, caught.value.key) == ("--topic", "globex/same=same-a")
+    with pytest.raises(ConfigError) as nested:
+        nested_names = TWO_TENANTS.replace("tenants.globex", 'tenants."acme.eu"')
+        kafka_topics(_tenancy(tmp_path, "", nested_names), [])  # acme's `eu.x` is acme.eu's `x`
+    assert nested.value.key == "tenants" and "'acme.eu'" in nested.value.problem
+
+
+def test_serve_kafka_refuses_two_tenants_on_one_topic_before_connecting(tmp_path: Path) -> None:
+    config = tmp_path / "nereus.toml"
+    config.write_text(TWO_TENANTS)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nereus",
+            "serve",
+            "--kafka",
+            "127.0.0.1:1",  # nothing listens: the refusal must come first
+            "--data",
+            str(tmp_path / "data"),
+            "--config",
+            str(config),
+            "--topic",
+            "same=orders",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    (refused,) = [
+        doc
+        for doc in map(json.loads, filter(None, done.stderr.splitlines()))
+        if doc["event"] == "refused"
+    ]
+    assert refused["detail"].startswith("--topic: same=orders: tenants 'acme'")
+    assert "'globex'" in refused["detail"] and "'orders'" in refused["detail"]

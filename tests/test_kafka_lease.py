@@ -50,6 +50,7 @@ from nereus.storage.store import ShardStore
 from tests import kafka_env
 from tests.kafka_cluster import read_shard_log
 from tests.kafka_env import create_topic, unique_topic
+from tests.runtime_harness import run_until
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
@@ -129,11 +130,7 @@ class Owned:
         self.sends.append((len(sends), self.log.send_allowed()))
 
     def tick_until(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done():
-            assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-            self.runtime.run_once()
-            time.sleep(0.01)
+        run_until(self.runtime, done, timeout_s, what)
 
     def message(self) -> Message | None:
         with self.store.read() as view:

@@ -31,6 +31,7 @@ from tests.kafka_cluster import (
 )
 from tests.kafka_env import create_topic, unique_topic
 from tests.lifeline_worker import pipe_ends
+from tests.worker_process import gone
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
 
@@ -140,18 +141,10 @@ def test_processes_share_the_shards_behind_one_address(
     finally:
         sup.kill()
     for pid in _serving(sup).values():
-        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), f"process {pid} left running"
+        assert gone(pid), f"process {pid} left running"
     a = audit(kafka_bootstrap, topics, SHARDS, 2)
     counts = check_delivery(a, first + later, where="processes")
     assert counts["records"] >= len(first) + len(later)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1].startswith("Z")
-    except OSError:
-        return True
 
 
 def test_a_supervisor_killed_outright_takes_its_processes_with_it(
@@ -171,11 +164,7 @@ def test_a_supervisor_killed_outright_takes_its_processes_with_it(
         for pid in pids:
             assert pipe_ends(pid).get(lifelines[0]) == {"r"}, (pid, pipe_ends(pid))
         sup.kill()  # SIGKILL: no chance to stop its processes itself
-        wait_until(
-            lambda: all(not os.path.exists(f"/proc/{p}") or _zombie(p) for p in pids),
-            60,
-            "its processes to stop",
-        )
+        wait_until(lambda: all(gone(p) for p in pids), 60, "its processes to stop")
         stopped = [e for e in sup.events() if e.get("event") == "stopped" and "took_ms" in e]
         assert len(stopped) == PROCESSES, "each process stops as on SIGTERM"
     finally:

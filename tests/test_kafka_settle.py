@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.destination import KafkaDestination, KafkaDestinationConfig
@@ -45,15 +44,18 @@ from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from nereus.kernel.records import NotPublished, Published, PublishOutcome, Unknown
 from nereus.kernel.timing import TrustedInterval
 from nereus.runtime.clock import ClockSource, ClockStatus
-from nereus.runtime.destination import H_ATTEMPT_ID, Send
+from nereus.runtime.destination import Send
 from nereus.runtime.shard import ShardRuntime
 from nereus.storage.store import ShardStore
 from tests import kafka_env
 from tests.builders import records
+from tests.kafka_cluster import read_destination
 from tests.kafka_env import create_topic, unique_topic
+from tests.runtime_harness import run_until
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
+PARTITIONS = 2  # of the destination topic
 QUEUE = "q"
 TENANT = "default"
 MID = message_id(TENANT, QUEUE, "k")
@@ -106,11 +108,7 @@ class Owner:
         self.dead = False
 
     def tick_until(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done():
-            assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-            self.runtime.run_once()
-            time.sleep(0.01)
+        run_until(self.runtime, done, timeout_s, what)
 
     def tick_for(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -157,41 +155,14 @@ class Owner:
 
 def at_destination(bootstrap: str, topic: str) -> list[str]:
     """The attempt ids of every committed record of `topic`."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"settle-audit-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        out: list[str] = []
-        eof: set[int] = set()
-        deadline = time.monotonic() + 30
-        while len(eof) < len(parts):
-            assert time.monotonic() < deadline, f"{topic} not read to its end in 30 s"
-            for m in consumer.consume(num_messages=100, timeout=0.2):
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        eof.add(int(m.partition() or 0))
-                    continue
-                attempt_id = dict(m.headers() or ()).get(H_ATTEMPT_ID)
-                assert isinstance(attempt_id, bytes), m.headers()
-                out.append(attempt_id.decode())
-        return out
-    finally:
-        consumer.close()
+    return [r.attempt_id for r in read_destination(bootstrap, topic, PARTITIONS)]
 
 
 @pytest.fixture
 def topic(kafka_bootstrap: str) -> str:
-    return create_topic(kafka_bootstrap, unique_topic("settle"), partitions=2, config=LOG_APPEND)
+    return create_topic(
+        kafka_bootstrap, unique_topic("settle"), partitions=PARTITIONS, config=LOG_APPEND
+    )
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ the only link under test.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -34,7 +33,9 @@ from nereus.adapters.cli.lifeline import (
 )
 from nereus.adapters.cli.processes import Child
 from nereus.runtime.log import Logger
-from tests.lifeline_worker import STUCK_EXIT_AFTER_S, gone, pipe_ends
+from tests.lifeline_worker import STUCK_EXIT_AFTER_S, pipe_ends
+from tests.serve_process import json_events
+from tests.worker_process import gone
 
 ROOT = Path(__file__).resolve().parent.parent
 # A loaded CI machine starts a Python service in seconds, not tens of seconds.
@@ -42,19 +43,6 @@ START_TIMEOUT_S = float(os.environ.get("NEREUS_LIFELINE_START_TIMEOUT_S", "60"))
 # The serve processes here run with the default --stop-timeout-s (30 s): an orderly stop of
 # an idle embedded service takes well under a second, so this bound is about the link.
 STOP_TIMEOUT_S = float(os.environ.get("NEREUS_LIFELINE_STOP_TIMEOUT_S", "20"))
-
-
-def _events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
 
 
 def _wait(predicate: Any, timeout_s: float, what: str, log: Path) -> None:
@@ -98,7 +86,10 @@ def test_a_served_process_stops_as_on_sigterm_when_its_supervisor_is_killed(
     log = tmp_path / "child.log"
     sup, child = parent("serve")
     _wait(
-        lambda: any(e["event"] == "serving" for e in _events(log)), START_TIMEOUT_S, "serving", log
+        lambda: any(e["event"] == "serving" for e in json_events(log)),
+        START_TIMEOUT_S,
+        "serving",
+        log,
     )
     # The child holds the read end of its supervisor's lifeline, never the write end. (The
     # supervisor holds both ends of it alone; its stdout is a pipe it writes to.)
@@ -111,10 +102,10 @@ def test_a_served_process_stops_as_on_sigterm_when_its_supervisor_is_killed(
     sup.kill()  # SIGKILL: it runs no code of its own to stop its child
     sup.wait()
     _wait(lambda: gone(child), STOP_TIMEOUT_S, "the child to stop", log)
-    events = [e["event"] for e in _events(log)]
+    events = [e["event"] for e in json_events(log)]
     assert events.index("supervisor_gone") < events.index("stopped")
     # The orderly stop, as on SIGTERM: it logs how long it took (a timed-out one does not).
-    stopped = [e for e in _events(log) if e["event"] == "stopped"]
+    stopped = [e for e in json_events(log) if e["event"] == "stopped"]
     assert len(stopped) == 1 and "took_ms" in stopped[0], stopped
     assert "stop_timeout" not in events
 
@@ -127,7 +118,7 @@ def test_a_process_whose_supervisor_died_before_it_looked_refuses_to_serve(
     sup.kill()
     sup.wait()  # reaped: only now does the child's shell start `nereus serve`
     _wait(lambda: gone(child), START_TIMEOUT_S, "the child to refuse", log)
-    events = _events(log)
+    events = json_events(log)
     refused = [e for e in events if e["event"] == "refused"]
     assert len(refused) == 1 and "the supervisor is gone" in refused[0]["detail"], events
     assert not [e for e in events if e["event"] in ("serving", "supervisor_gone")]
@@ -142,7 +133,7 @@ def test_a_process_whose_stop_never_ends_is_ended_anyway(parent: Any, tmp_path: 
     killed_at = time.monotonic()
     _wait(lambda: gone(child), STOP_TIMEOUT_S, "the child to be ended", log)
     assert time.monotonic() - killed_at >= STUCK_EXIT_AFTER_S
-    assert [e["event"] for e in _events(log)] == ["supervisor_gone", "stop_timeout"]
+    assert [e["event"] for e in json_events(log)] == ["supervisor_gone", "stop_timeout"]
 
 
 def test_a_started_process_holds_the_read_end_alone(tmp_path: Path) -> None:

@@ -33,6 +33,8 @@ KINDS = {
     "B": "transaction boundaries",
     "M": "batch records and the row memo (issue 19)",
     "K": "one owner per store (issue 30, item 2)",
+    "Z": "sealed at rest and private files (issue 31, item 5)",
+    "N": "a tenant's deliveries are its own (issue 31, item 4)",
 }
 
 

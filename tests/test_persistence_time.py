@@ -26,8 +26,11 @@ import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from nereus.adapters.clock import SimulatedClock
 from nereus.adapters.local.arguments import schedule_record
@@ -46,63 +49,62 @@ CLOCK_ERROR_MS = 5
 # The runtime, with a clock that moves while a tick runs --------------------------------------
 
 
-def test_a_command_arriving_after_the_ticks_reading_is_stamped_after_its_arrival(
-    tmp_path: Path,
-) -> None:
-    clock = SimulatedClock(T0_MS, error_ms=5)
-    h = Harness(tmp_path, clock)
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    """A shard runtime on a simulated clock (error 5 ms) that has ticked once."""
+    harness = Harness(tmp_path, SimulatedClock(T0_MS, error_ms=5))
     try:
-        h.tick()
-        reading = read_clock(clock)  # the tick reads the clock ...
-        clock.advance(30)  # ... and the command is sent 30 ms later, while it gathers
-        sent_ms = clock.now_ms()
-        future = h.runtime.submit([schedule_record("q", "k", b"p", delay_ms=200)])
-        clock.advance(20)  # the batch is sealed later still
-        h.runtime.tick(reading)
-        (outcome,) = future.result(0)
-        assert outcome.code is Code.SCHEDULED
-        assert outcome.deliver_at_ms is not None
-        assert outcome.deliver_at_ms >= sent_ms + 200, (
-            f"deliverAt {sent_ms + 200 - outcome.deliver_at_ms} ms before send + delay"
-        )
-        (entry,) = [e for e in h.log() if e.position == outcome.position]
-        assert entry.persisted_at_ms >= sent_ms
+        harness.tick()
+        yield harness
     finally:
-        h.close()
+        harness.close()
+
+
+def test_a_command_arriving_after_the_ticks_reading_is_stamped_after_its_arrival(
+    h: Harness,
+) -> None:
+    clock = h.clock
+    reading = read_clock(clock)  # the tick reads the clock ...
+    clock.advance(30)  # ... and the command is sent 30 ms later, while it gathers
+    sent_ms = clock.now_ms()
+    future = h.runtime.submit([schedule_record("q", "k", b"p", delay_ms=200)])
+    clock.advance(20)  # the batch is sealed later still
+    h.runtime.tick(reading)
+    (outcome,) = future.result(0)
+    assert outcome.code is Code.SCHEDULED
+    assert outcome.deliver_at_ms is not None
+    assert outcome.deliver_at_ms >= sent_ms + 200, (
+        f"deliverAt {sent_ms + 200 - outcome.deliver_at_ms} ms before send + delay"
+    )
+    (entry,) = [e for e in h.log() if e.position == outcome.position]
+    assert entry.persisted_at_ms >= sent_ms
 
 
 def test_an_admission_whose_commit_begins_at_its_expire_at_is_refused_and_never_sent(
-    tmp_path: Path,
+    h: Harness,
 ) -> None:
-    clock = SimulatedClock(T0_MS, error_ms=5)
-    h = Harness(tmp_path, clock)
-    try:
+    clock = h.clock
+    # deliverAt = bp + 100, expireAt = bp + 1,100 (the minimum delivery window).
+    out = h.schedule("k", delay_ms=100, lifetime_ms=1_100)
+    assert out.code is Code.SCHEDULED and out.deliver_at_ms is not None
+    expire_at_ms = h.message("k").expire_at_ms
+    # The tick reads the clock where the interval allows an Admission: earliest past
+    # deliverAt, latest (now + 5) just before expireAt ...
+    clock.advance(expire_at_ms - 6 - clock.now_ms())
+    reading = read_clock(clock)
+    assert reading.interval.earliest_ms >= out.deliver_at_ms
+    assert reading.interval.latest_ms < expire_at_ms
+    clock.advance(25)  # ... and its commit begins after expireAt.
+    h.runtime.tick(reading)
+    for _ in range(10):  # the timer then expires; nothing is ever sent
+        clock.advance(50)
         h.tick()
-        # deliverAt = bp + 100, expireAt = bp + 1,100 (the minimum delivery window).
-        out = h.schedule("k", delay_ms=100, lifetime_ms=1_100)
-        assert out.code is Code.SCHEDULED and out.deliver_at_ms is not None
-        expire_at_ms = h.message("k").expire_at_ms
-        # The tick reads the clock where the interval allows an Admission: earliest past
-        # deliverAt, latest (now + 5) just before expireAt ...
-        clock.advance(expire_at_ms - 6 - clock.now_ms())
-        reading = read_clock(clock)
-        assert reading.interval.earliest_ms >= out.deliver_at_ms
-        assert reading.interval.latest_ms < expire_at_ms
-        clock.advance(25)  # ... and its commit begins after expireAt.
-        h.runtime.tick(reading)
-        for _ in range(10):  # the timer then expires; nothing is ever sent
-            clock.advance(50)
-            h.tick()
-        assert h.sends == [], "an Admission committed after expireAt was sent"
-        assert h.attempts(h.message("k").message_id) == []
-        assert str(h.message("k").status) == "EXPIRED"
-        admissions = [
-            e for e in h.log() if isinstance(e.record, PublishAdmission | PublishAdmissions)
-        ]
-        assert admissions, "the tick proposed no Admission: the test did not reach its case"
-        assert all(e.persisted_at_ms >= expire_at_ms for e in admissions)
-    finally:
-        h.close()
+    assert h.sends == [], "an Admission committed after expireAt was sent"
+    assert h.attempts(h.message("k").message_id) == []
+    assert str(h.message("k").status) == "EXPIRED"
+    admissions = [e for e in h.log() if isinstance(e.record, PublishAdmission | PublishAdmissions)]
+    assert admissions, "the tick proposed no Admission: the test did not reach its case"
+    assert all(e.persisted_at_ms >= expire_at_ms for e in admissions)
 
 
 # Black box: clients of a real service under load, across kills ------------------------------

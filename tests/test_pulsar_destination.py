@@ -19,14 +19,18 @@ import pytest
 from nereus import Nereus
 from nereus.adapters.pulsar.destination import PulsarDestination
 from nereus.kernel.records import IMMEDIATE, Capability, NotPublished, Published, Unknown
-from nereus.runtime.destination import Lookup, PreparedPublish, Send, SendResult
+from nereus.runtime.destination import Lookup, Send
 from tests.pulsar_env import (
     admin_call,
+    deduplicated_topic,
     now_ms,
+    poll_results,
+    prepared_send,
     pulsar_admin_url,
     pulsar_client,
     pulsar_url,
     read_all,
+    search_until_complete,
     target,
     unique_topic,
 )
@@ -34,6 +38,8 @@ from tests.pulsar_env import (
 __all__ = ["pulsar_admin_url", "pulsar_client", "pulsar_url"]
 
 TIMERS = int(os.environ.get("NEREUS_PULSAR_EARLY_TIMERS", "150"))
+# A tick hands the sender thread every due send at once; a deployment's reach thousands.
+MIXED_SENDS = int(os.environ.get("NEREUS_PULSAR_MIXED_SENDS", "2000"))
 LEAD_MS, BOUND_MS = 2_000, 20
 
 
@@ -209,29 +215,7 @@ def test_a_handoff_the_brokers_settings_do_not_certify_is_ordinary_delivery(
 
 
 def _send(topic: str, aid: str, value: bytes = b"v") -> Send:
-    prepared = PreparedPublish(
-        destination="pulsar",
-        topic=topic,
-        key=None,
-        value=value,
-        headers=(("nereus-message-id", b"m"),),
-        message_id="m",
-        generation=1,
-        txn="t",
-        deliver_at_ms=0,
-        producer_sub=None,
-        encrypted=False,
-    )
-    return Send(aid, prepared)
-
-
-def _results(dest: PulsarDestination, count: int, timeout_s: float = 20) -> dict[str, SendResult]:
-    out: dict[str, SendResult] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(out) < count and time.monotonic() < deadline:
-        out.update((r.attempt_id, r) for r in dest.poll(0))
-        time.sleep(0.02)
-    return out
+    return prepared_send(topic, aid, message_id="m", value=value)
 
 
 def _broker_pid(url: str) -> int:
@@ -265,7 +249,7 @@ def test_outcome_classes_come_from_the_clients_real_errors(
             ],
             now_ms(),
         )
-        got = _results(dest, 5)
+        got = poll_results(dest, 5, 20)
         assert isinstance(got["ok"].result, Published)
         assert got["ok"].result.evidence.broker_message_id is not None
 
@@ -285,7 +269,7 @@ def test_outcome_classes_come_from_the_clients_real_errors(
         os.kill(pid, signal.SIGSTOP)
         try:
             dest.submit([_send(good, "stalled")], now_ms())
-            stalled = _results(dest, 1, 6)["stalled"].result
+            stalled = poll_results(dest, 1, 6)["stalled"].result
         finally:
             os.kill(pid, signal.SIGCONT)
         assert isinstance(stalled, Unknown) and stalled.reason == "timeout"
@@ -297,16 +281,55 @@ def test_outcome_classes_come_from_the_clients_real_errors(
             Lookup("ok", good, sent_at),
             Lookup("no", good, sent_at),
         ]
-        deadline = time.monotonic() + 30
-        while True:
-            handle = dest.search(lookups, lambda: None)
-            while not handle.done() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            outcome = handle.outcome()
-            if outcome.complete or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        outcome = search_until_complete(dest, lookups, 30)
         assert outcome.complete and set(outcome.found) == {"stalled", "ok"}, outcome
         assert outcome.proof_for(None) is None  # not found never proves absent here
+    finally:
+        dest.close()
+
+
+def test_delayed_sends_never_make_a_batch_of_immediate_ones_vanish(
+    pulsar_url: str, pulsar_admin_url: str, pulsar_client: Any
+) -> None:
+    """One topic, deduplication on, a tick's burst of ordinary sends (inside one batching
+    window) with handoff sends among them: the broker holds every one under a real message
+    id. The client sends a `deliver_at` message at once, ahead of the batch still open;
+    through one producer the broker then takes that batch for a duplicate and drops it,
+    answering `Ok` with ledger and entry -1."""
+    topic = deduplicated_topic(pulsar_client, pulsar_admin_url, "mixed")
+    dest = PulsarDestination(
+        target(pulsar_url, pulsar_admin_url, {}, batching_max_publish_delay_ms=20)
+    )
+    dest.open("mixed")
+    handoff = Capability("delayed_handoff", LEAD_MS, 1_020)
+    deliver_at = now_ms() + 60_000  # held by the broker all through the test
+    # Runs of 1 to 7 ordinary sends between handoff sends, and a run of handoffs in a row.
+    delayed = {i for i in range(MIXED_SENDS) if i % 8 in (3, 7) or i % 97 == 0}
+    sends = [
+        prepared_send(
+            topic,
+            f"a{i}",
+            deliver_at_ms=deliver_at,
+            capability=handoff if i in delayed else IMMEDIATE,
+        )
+        for i in range(MIXED_SENDS)
+    ]
+    try:
+        dest.submit(sends, now_ms())
+        got = poll_results(dest, MIXED_SENDS, 60)
+        assert len(got) == MIXED_SENDS
+        for aid, answer in got.items():
+            assert isinstance(answer.result, Published), (aid, answer.result)
+            message_id = answer.result.evidence.broker_message_id
+            assert message_id is not None, aid
+            ledger, entry, _, _ = message_id.split(":")
+            assert int(ledger) >= 0 and int(entry) >= 0, (aid, answer.result)
+        held = read_all(pulsar_client, topic)
+        assert sorted(m.properties()["nereus-attempt-id"] for m in held) == sorted(got)
+        reveal = {
+            m.properties()["nereus-attempt-id"]: m.properties().get("nereus-reveal-at")
+            for m in held
+        }
+        assert {aid for aid, r in reveal.items() if r is not None} == {f"a{i}" for i in delayed}
     finally:
         dest.close()

@@ -23,14 +23,17 @@ import pytest
 
 from nereus import Nereus
 from nereus.adapters.pulsar.destination import PulsarDestination
-from nereus.kernel.records import IMMEDIATE, Capability, Evidence, Published
-from nereus.runtime.destination import Lookup, PreparedPublish, Send, SendResult
+from nereus.kernel.records import Capability, Evidence, Published
+from nereus.runtime.destination import Lookup
 from nereus.runtime.metrics import Metrics
 from tests.pulsar_env import (
     now_ms,
+    poll_results,
+    prepared_send,
     pulsar_admin_url,
     pulsar_client,
     pulsar_url,
+    search_until_complete,
     target,
     unique_topic,
 )
@@ -42,45 +45,10 @@ GAP_MS = 5  # between two sends of one batch
 WINDOW_MS = RECORDS * GAP_MS * 4 + 1_000  # the batching window: room for every send
 
 
-def _send(topic: str, aid: str, deliver_at_ms: int, capability: Capability = IMMEDIATE) -> Send:
-    prepared = PreparedPublish(
-        destination="pulsar",
-        topic=topic,
-        key=None,
-        value=b"v",
-        headers=(("nereus-message-id", aid.encode()),),
-        message_id=aid,
-        generation=1,
-        txn="t",
-        deliver_at_ms=deliver_at_ms,
-        producer_sub=None,
-        encrypted=False,
-        capability=capability,
-    )
-    return Send(aid, prepared)
-
-
-def _results(dest: PulsarDestination, count: int, timeout_s: float) -> dict[str, SendResult]:
-    out: dict[str, SendResult] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(out) < count and time.monotonic() < deadline:
-        out.update((r.attempt_id, r) for r in dest.poll(0))
-        time.sleep(0.02)
-    return out
-
-
 def _search(dest: PulsarDestination, lookups: Sequence[Lookup]) -> dict[str, Evidence]:
-    """One bulk search; made again while incomplete (a broker still recovering from another
-    test's SIGSTOP answers some reads with errors), as the runtime does."""
-    deadline = time.monotonic() + 60
-    while True:
-        handle = dest.search(lookups, lambda: None)
-        while not handle.done() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        outcome = handle.outcome()
-        if outcome.complete or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    """What a complete bulk search found (one made again while another test's SIGSTOP
+    leaves it incomplete)."""
+    outcome = search_until_complete(dest, lookups, 60)
     assert outcome.complete, outcome
     return outcome.found
 
@@ -107,9 +75,9 @@ def test_records_of_one_batch_each_carry_their_own_send_time(
         handed: dict[str, int] = {}  # a reading taken before the send: a floor for it
         for i in range(RECORDS):
             handed[f"a{i}"] = now_ms()
-            dest.submit([_send(topic, f"a{i}", deliver_at_ms=0)], handed[f"a{i}"])
+            dest.submit([prepared_send(topic, f"a{i}")], handed[f"a{i}"])
             time.sleep(GAP_MS / 1000)
-        got = _results(dest, RECORDS, WINDOW_MS / 1000 + 30)
+        got = poll_results(dest, RECORDS, WINDOW_MS / 1000 + 30)
         answered = now_ms()
         assert set(got) == set(handed)
         live = {aid: r.result for aid, r in got.items()}
@@ -173,9 +141,10 @@ def test_a_handoff_is_stamped_with_its_reveal_time(pulsar_url: str, pulsar_admin
         deliver: dict[str, int] = {}
         for i in range(10):
             deliver[f"h{i}"] = now_ms() + 3_000
-            dest.submit([_send(topic, f"h{i}", deliver[f"h{i}"], handoff)], now_ms())
+            sent = prepared_send(topic, f"h{i}", deliver_at_ms=deliver[f"h{i}"], capability=handoff)
+            dest.submit([sent], now_ms())
             time.sleep(GAP_MS / 1000)
-        got = _results(dest, len(deliver), 30)
+        got = poll_results(dest, len(deliver), 30)
         found = _search(dest, [Lookup(aid, topic, now_ms() - 10_000) for aid in deliver])
         for aid, deliver_at in deliver.items():
             result = got[aid].result

@@ -2,7 +2,8 @@
 the local destination (as `nereus serve --config` builds it): each queue is delivered where
 its route says, and the answers that carry evidence (peek, list rows, a too_late cancel)
 show Pulsar's message id as `brokerMessageId`, valid against the served OpenAPI document,
-while a local delivery's evidence is what it always was."""
+while a local delivery's evidence is what it always was. The Pulsar record names its tenant
+(property `nereus-tenant`)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def routed(tmp_path: Path, pulsar_url: str, pulsar_admin_url: str) -> Iterator[t
                 "p": {
                     "service_url": pulsar_url,
                     "admin_url": pulsar_admin_url,
-                    "topics": {TO_PULSAR: topic},
+                    # acme's queue: globex's of the same name gets a topic of its own.
+                    "topics": {f"acme/{TO_PULSAR}": topic},
                 }
             },
             "queues": {TO_PULSAR: "p"},
@@ -107,6 +109,7 @@ def test_answers_with_evidence_carry_the_pulsar_message_id(
     # The id is the one the broker gave the record Nereus wrote there.
     [record] = read_all(pulsar_client, topic)
     assert broker_message_id(record.message_id()) == evidence["brokerMessageId"]
+    assert record.properties()["nereus-tenant"] == "acme"  # every record names its tenant
 
     at_local = peek(LOCAL)
     peek_schema.validate(at_local)

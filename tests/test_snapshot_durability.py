@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 from nereus.storage.errors import StoreError
 from nereus.storage.snapshot import read_snapshot
 from tests.crash_worker import CONFIG
-from tests.powerloss import acks_then_power_loss, child_env, cut_power_folder
+from tests.powerloss import acks_then_power_loss, cut_power_folder, script_under_shim
 from tests.seeds import seed_from_env
-from tests.worker_process import wait_ready
 
 SEED = seed_from_env("NEREUS_POWERLOSS_SEED", 4242)
 TIMERS = int(os.environ.get("NEREUS_SNAPSHOT_TIMERS", "2000"))
@@ -67,19 +65,9 @@ def test_the_power_loss_model_renames_on_disk_only_when_the_directory_is_synced(
     file has only the bytes fsynced before; a rename not yet synced leaves the old name."""
     shadows, folder = tmp_path / "shadows", tmp_path / "snapshots"
     folder.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RENAME_SELF_TEST, str(folder)],
-        env=child_env(shadows, names=("snapshot-*",)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_ready(proc, "rename self-test", 30)
+    with script_under_shim(RENAME_SELF_TEST, folder, shadows, ("snapshot-*",), "rename self-test"):
         seen = {p.name: p.read_bytes() for p in folder.iterdir()}
         assert sorted(seen) == ["snapshot-a", "snapshot-b", "snapshot-c", "snapshot-d.tmp"]
-    finally:
-        proc.kill()
-        proc.wait()
     cut_power_folder(shadows, folder)
     after = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert after == {

@@ -8,10 +8,8 @@ environment) and asserts a `StoreError` whose message names the file and the pro
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import random
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,7 +27,7 @@ from nereus.storage.errors import CorruptRecord, StoreError
 from nereus.storage.schema import HEADER_KEY, StoreOptions
 from nereus.storage.store import ShardStore
 from tests.builders import QUEUE, T0_MS, TENANT, mid, schedule
-from tests.lmdb_files import lmdb_verdict, newest_meta, pages_past_eof
+from tests.lmdb_files import ask_in_child, lmdb_verdict, newest_meta, pages_past_eof
 
 PAYLOAD = b"payload"
 MIDDLE_MARKER = "middle-marker-5f1c2a"
@@ -130,31 +128,17 @@ def open_and_write(path: Path) -> str:
     """What opening the store and committing one write do, asked in a forked child (a
     SIGBUS there is an answer, not the end of the test run): "refused: <message>",
     "wrote", or the name of the signal that killed it."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: answer through the pipe, never return
-        code = 0
+
+    def question() -> str:
         try:
-            os.close(read_fd)
-            faulthandler.disable()
-            try:
-                with ShardStore.open(str(path), create=False) as store:
-                    store.commit([(schedule("after-the-cut"), PAYLOAD)], T0_MS + 10)
-                said = "wrote"
-            except StoreError as exc:
-                said = f"refused: {exc}"
-            os.write(write_fd, said.encode())
-        except BaseException as exc:
-            os.write(write_fd, repr(exc).encode()[:2000])
-            code = 3
-        os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        said = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return signal.Signals(os.WTERMSIG(status)).name
-    return said
+            with ShardStore.open(str(path), create=False) as store:
+                store.commit([(schedule("after-the-cut"), PAYLOAD)], T0_MS + 10)
+        except StoreError as exc:
+            return f"refused: {exc}"
+        return "wrote"
+
+    answer = ask_in_child(question)
+    return answer.signal or answer.said
 
 
 @pytest.mark.parametrize("pages_cut", [1, 2])

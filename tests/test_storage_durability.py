@@ -14,7 +14,6 @@ fsync switched off must visibly lose writes, or the harness would prove nothing.
 from __future__ import annotations
 
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,9 +22,8 @@ from nereus.storage.errors import StoreError
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 from tests.crash_worker import CONFIG, check_reopened, entry_digest
-from tests.powerloss import acks_then_power_loss, child_env, cut_power
+from tests.powerloss import acks_then_power_loss, cut_power, script_under_shim
 from tests.seeds import seed_from_env
-from tests.worker_process import wait_ready
 
 SEED = seed_from_env("NEREUS_POWERLOSS_SEED", 31337)
 KILLS = 3
@@ -67,18 +65,8 @@ time.sleep(60)
 def test_the_power_loss_model_keeps_exactly_what_was_synced(tmp_path: Path) -> None:
     shadows = tmp_path / "shadows"
     target = tmp_path / "plain.bin"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SHIM_SELF_TEST, str(target)],
-        env=child_env(shadows, names=("plain.bin",)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_ready(proc, "shim self-test", 30)
+    with script_under_shim(SHIM_SELF_TEST, target, shadows, ("plain.bin",), "shim self-test"):
         assert target.read_bytes() == b"BBBBBAAAACDDDD"  # what the running process sees
-    finally:
-        proc.kill()
-        proc.wait()
     cut_power(shadows, target)
     assert target.read_bytes() == b"AAAAAAAAAC"
 

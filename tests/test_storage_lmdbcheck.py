@@ -10,10 +10,12 @@ check accepts can be read in full and written by LMDB, one it refuses kills LMDB
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
@@ -63,32 +65,23 @@ def build_short_env(path: Path, *, gap: bool = True) -> None:
     assert (pages_past_eof(path / "data.mdb") > 0) == gap, "the write pattern changed"
 
 
-@pytest.fixture(scope="module")
-def short_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("store") / "shard"
-    build_short_store(path)
-    return path
+def _built_once(folder: str, name: str, build: Callable[[Path], None]) -> object:
+    """A module-scoped fixture: the path `name` in a fresh folder, written by `build` once
+    for the module's tests (they only read it, or copy it)."""
+
+    @pytest.fixture(scope="module")
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        path = tmp_path_factory.mktemp(folder) / name
+        build(path)
+        return path
+
+    return fixture
 
 
-@pytest.fixture(scope="module")
-def short_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("env") / "env"
-    build_short_env(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def full_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("full-store") / "shard"
-    build_full_store(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def full_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("full-env") / "env"
-    build_short_env(path, gap=False)
-    return path
+short_store = _built_once("store", "shard", build_short_store)
+short_env = _built_once("env", "env", build_short_env)
+full_store = _built_once("full-store", "shard", build_full_store)
+full_env = _built_once("full-env", "env", functools.partial(build_short_env, gap=False))
 
 
 @pytest.fixture(params=["as_shipped", "free_list_answer_ignored"])

@@ -29,6 +29,7 @@ import pytest
 
 from nereus.adapters.local.embedded import Nereus
 from nereus.storage.lock import StoreLocked
+from tests.file_modes import wrong_modes
 from tests.kafka_env import kafka_bootstrap, unique_topic  # noqa: F401
 from tests.serve_process import free_port, serve, stop
 
@@ -265,6 +266,16 @@ def test_read_only_tools_work_beside_the_running_service(
         stop_writing.set()
         writer.join(WAIT_S)
     assert written, "nothing was written while the tools read"
+
+
+def test_the_served_directory_is_its_owners_alone(served: tuple[Path, int, int]) -> None:
+    """After delivering, a consumer group in another process and `tail --group` (the
+    tests above): every file `nereus serve` and the tools made under DIR is 0600 and every
+    directory 0700, DIR itself included (specs/library.md, "File modes")."""
+    data, _, _ = served
+    names = {p.name for p in data.rglob("*")}
+    assert {"LOCK", "shard", "destination", "data.mdb", "lock.mdb", "consumers"} <= names
+    assert wrong_modes(data, file_mode=0o600, directory_mode=0o700) == []
 
 
 def test_a_sigkilled_library_holder_leaves_its_directory_free_at_once(tmp_path: Path) -> None:

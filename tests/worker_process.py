@@ -1,4 +1,5 @@
-"""Shared by the crash tests: wait for a worker subprocess to say it is ready."""
+"""Shared by the crash tests: wait for a worker subprocess to say it is ready, and tell
+whether a process (not necessarily a child of this one) has exited."""
 
 from __future__ import annotations
 
@@ -19,3 +20,12 @@ def wait_ready(proc: subprocess.Popen[bytes], where: str, timeout_s: float) -> N
     if line.strip() != b"ready":
         _, err = proc.communicate()
         raise AssertionError(f"{where}: worker failed to start: {line!r} {err.decode()[-2000:]}")
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie its new parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True

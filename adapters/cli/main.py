@@ -13,6 +13,7 @@ from nereus.adapters.cli import demo
 from nereus.adapters.cli import serve as servecmd
 from nereus.adapters.cli import store as storecmd
 from nereus.adapters.cli import tail as tailcmd
+from nereus.adapters.cli.modes import apply_file_mode
 from nereus.replay import cli as replay_cli
 from nereus.runtime import compiled
 
@@ -48,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except compiled.StaleBuild as exc:
         print(f"nereus: error: {exc}", file=sys.stderr)
         return 2
+    # Before the command opens anything: the mode of every file it creates.
+    apply_file_mode(args)
     handler = args.handler
     result: int = handler(args)
     return result

@@ -46,6 +46,7 @@ from nereus.adapters.kafka.siblings import (
     Siblings,
 )
 from nereus.runtime.log import Logger
+from nereus.storage import files
 from nereus.storage.errors import StoreError
 from nereus.storage.lock import lock_directory
 
@@ -123,7 +124,7 @@ def supervise(
     data directory meanwhile (a second supervisor would reset the first one's siblings and
     start processes on its processes' directories)."""
     data = os.path.abspath(args.data)
-    os.makedirs(data, exist_ok=True)
+    files.make_dirs(data)
     try:
         lock = lock_directory(data)
     except StoreError as exc:
@@ -153,7 +154,7 @@ def _supervise(
     sock.set_inheritable(True)
     siblings = os.path.join(data, "siblings")
     shutil.rmtree(siblings, ignore_errors=True)  # addresses of an earlier run's processes
-    os.makedirs(siblings)
+    files.make_dirs(siblings)
     env = {**os.environ, TOKEN_ENV: secrets.token_hex(16)}
     # Open here until every process has stopped, and never written to: its end tells each
     # process that its supervisor is gone, however it went.

@@ -7,8 +7,10 @@ tenant `default`, no authentication, and binds loopback only.
 
 `nereus serve --kafka BOOTSTRAP --data DIR` runs Kafka mode
 (`adapters.kafka.service`): the shards are the partitions of the commands topic, shared by
-every process in the group, and timers are published to Kafka topics (`--topic QUEUE=TOPIC`;
-a queue not listed publishes to the topic of its own name).
+every process in the group, and timers are published to Kafka topics (`--topic
+[TENANT/]QUEUE=TOPIC` and the config's `[kafka_destination]`; a queue not listed publishes to
+`<tenant>.<queue>`, the default tenant's to the topic of the queue's own name:
+`adapters.tenant_topics`).
 
 `nereus serve --pulsar URL --data DIR` runs the embedded default with timers published to
 Apache Pulsar (every queue, ordinary managed delivery, `--topic QUEUE=TOPIC` as for Kafka);
@@ -31,7 +33,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nereus.adapters.cli.destinations import kafka_topics, pulsar_destination
 from nereus.adapters.cli.lifeline import EXIT_MARGIN_S, follow_supervisor, wait_for_stop
+from nereus.adapters.cli.modes import add_file_mode
 from nereus.adapters.cli.processes import inherited_socket, join_siblings, supervise
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.http.api import TimerApi
@@ -40,7 +44,6 @@ from nereus.adapters.local.embedded import Nereus
 from nereus.adapters.tenancy import ConfigError, Tenancy, load_tenancy
 from nereus.runtime import compiled
 from nereus.runtime.config import RuntimeConfig
-from nereus.runtime.destination import Destination
 from nereus.runtime.log import Logger, configure_json_logging
 from nereus.storage.errors import StoreError
 
@@ -71,6 +74,7 @@ def register(sub: Any) -> None:
         "(without it, an unsynchronised host fires nothing)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_file_mode(p)
     p.add_argument(
         "--stop-timeout-s",
         type=float,
@@ -98,8 +102,10 @@ def register(sub: Any) -> None:
         "--topic",
         action="append",
         default=[],
-        metavar="QUEUE=TOPIC",
-        help="destination topic of a queue (repeatable)",
+        metavar="[TENANT/]QUEUE=TOPIC",
+        help="destination topic of every tenant's QUEUE, or of one tenant's (repeatable; "
+        "two tenants on one topic are refused unless [kafka_destination] shared_topics "
+        "lists it)",
     )
     k.add_argument("--session-timeout-ms", type=int, default=6_000)
     k.add_argument(
@@ -286,10 +292,13 @@ def serve(args: argparse.Namespace) -> int:
         if args.processes > 1:
             return supervise(args, args.argv, log, (host, port), tenancy.server.backlog)
         return serve_kafka(args, log, tenancy, host, port, stop=stop)
-    if tenancy.kafka_settings:
-        log.warning("kafka_settings_unused", detail="[kafka] applies to --kafka mode only")
+    if tenancy.kafka_settings or tenancy.kafka_destination.topics:
+        log.warning(
+            "kafka_settings_unused",
+            detail="[kafka] and [kafka_destination] apply to --kafka mode only",
+        )
     try:
-        destination = _pulsar_destination(args, tenancy, log)
+        destination = pulsar_destination(args, tenancy, log)
     except (ConfigError, ValueError) as exc:
         log.error("refused", detail=str(exc))
         return 2
@@ -332,45 +341,6 @@ def serve(args: argparse.Namespace) -> int:
     return _stop_within(args.stop_timeout_s, log, code, server.stop, nereus.close)
 
 
-def _pulsar_destination(
-    args: argparse.Namespace, tenancy: Tenancy, log: Logger
-) -> Destination | None:
-    """The destination `--pulsar` and the config's `[pulsar]` section choose, or None for
-    the local destination alone. Raises ConfigError / ValueError when refused."""
-    if not args.pulsar and not tenancy.pulsar:
-        return None
-    try:
-        # An extra: the embedded default runs without the Pulsar client.
-        from nereus.adapters.pulsar.build import routed_destination  # noqa: PLC0415
-        from nereus.adapters.pulsar.config import routing_for_url  # noqa: PLC0415
-    except ImportError:
-        raise ValueError(
-            "the Pulsar destination needs pulsar-client: pip install 'nereus[pulsar]'"
-        ) from None
-    routing = tenancy.pulsar_routing(args.pulsar)
-    if routing is None:
-        return None
-    if args.topic and not tenancy.pulsar:
-        routing = routing_for_url(args.pulsar, _topics(args.topic))
-    log.info(
-        "pulsar_routing",
-        targets={n: t.service_url for n, t in routing.targets.items()},
-        queues=routing.queues,
-        default=routing.default,
-    )
-    return routed_destination(routing, args.data, logger=log)
-
-
-def _topics(specs: list[str]) -> dict[str, str]:
-    topics: dict[str, str] = {}
-    for spec in specs:
-        queue, sep, topic = spec.partition("=")
-        if not sep or not queue or not topic:
-            raise ValueError(f"--topic wants QUEUE=TOPIC, not {spec!r}")
-        topics[queue] = topic
-    return topics
-
-
 def serve_kafka(
     args: argparse.Namespace,
     log: Logger,
@@ -389,6 +359,12 @@ def serve_kafka(
     except ImportError:
         log.error("refused", detail="Kafka mode needs confluent-kafka: pip install 'nereus[kafka]'")
         return 2
+    try:
+        # Before any connection: a mapping the tenants refuse needs no broker to refuse.
+        topics = kafka_topics(tenancy, args.topic)
+    except (ConfigError, ValueError) as exc:
+        log.error("refused", detail=str(exc))
+        return 2
     problem = refusal(tenancy.kafka_settings)
     if problem is not None:
         log.error(
@@ -403,11 +379,6 @@ def serve_kafka(
     problem = unreachable(args.kafka, tenancy.kafka_settings, CONTACT_TIMEOUT_S)
     if problem is not None:
         log.error("refused", detail=f"Kafka mode cannot reach {problem}")
-        return 2
-    try:
-        topics = _topics(args.topic)
-    except ValueError as exc:
-        log.error("refused", detail=str(exc))
         return 2
     config = KafkaServiceConfig(
         bootstrap=args.kafka,

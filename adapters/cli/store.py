@@ -17,8 +17,10 @@ import os
 import sys
 from typing import Any
 
+from nereus.adapters.cli.modes import add_file_mode
 from nereus.kernel.model import Obligation, Table
 from nereus.replay.layout import shard_stores
+from nereus.storage import files
 from nereus.storage.errors import StoreError
 from nereus.storage.jsonl import export_log, import_log
 from nereus.storage.snapshot import compact_log, write_snapshot
@@ -37,11 +39,13 @@ def register(sub: Any) -> None:
         "shard-N.jsonl files into",
     )
     p.add_argument("--to", type=int, metavar="POSITION", help="last position to export")
+    add_file_mode(p)
     p.set_defaults(handler=_guard(_export))
 
     p = sub.add_parser("import", help="create a store from an exported JSON Lines log")
     p.add_argument("--log", required=True, help="exported log file")
     p.add_argument("--data", required=True, help="new shard store directory")
+    add_file_mode(p)
     p.set_defaults(handler=_guard(_import))
 
     p = sub.add_parser("snapshot", help="snapshot the applied state; optionally compact the log")
@@ -52,6 +56,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="then delete the log below the snapshot, except what open obligations need",
     )
+    add_file_mode(p)
     p.set_defaults(handler=_guard(_snapshot))
 
 
@@ -79,7 +84,7 @@ def _export(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    os.makedirs(args.out, exist_ok=True)
+    files.make_dirs(args.out)
     for store in stores:
         _export_one(store.path, os.path.join(args.out, f"{store.name}.jsonl"), args.to)
     return 0
@@ -89,7 +94,7 @@ def _export_one(path: str, out: str | None, to: int | None) -> None:
     # Read-only: an export runs beside the service that writes the store.
     with ShardStore.open(path, create=False, read_only=True) as store:
         if out:
-            with open(out, "w", encoding="utf-8") as f:
+            with open(out, "w", encoding="utf-8", opener=files.opener) as f:
                 n = export_log(store, f, to)
             print(f"exported {n:,} entries to {out}", file=sys.stderr)
         else:

@@ -1,7 +1,10 @@
 """`nereus tail`: print what the embedded service delivered to a queue, as JSON lines.
 
-    nereus tail QUEUE --data DIR [--from OFFSET] [--limit N] [--follow]
-    nereus tail QUEUE --data DIR --group GROUP [--limit N] [--follow]
+    nereus tail QUEUE --data DIR [--tenant T] [--from OFFSET] [--limit N] [--follow]
+    nereus tail QUEUE --data DIR [--tenant T] --group GROUP [--limit N] [--follow]
+
+It reads one tenant's queue (`--tenant`, default the default tenant): that tenant's topic of
+the local destination, which holds its records and no other tenant's.
 
 With `--group` it reads as that consumer group (`adapters.local.consumer`): from the group's
 committed position, committing each page after it is printed, so the library's
@@ -17,8 +20,11 @@ import os
 import sys
 from typing import Any
 
+from nereus.adapters.cli.modes import add_file_mode
 from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
 from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.adapters.tenant_topics import name_ok
+from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.storage.errors import StoreError
 
 
@@ -28,6 +34,12 @@ def register(sub: Any) -> None:
     )
     t.add_argument("queue")
     t.add_argument("--data", required=True, help="data directory of `nereus serve`")
+    t.add_argument(
+        "--tenant",
+        default=DEFAULT_TENANT,
+        help=f"whose queue to read (default: {DEFAULT_TENANT!r}, the tenant of a service "
+        "without --config and of the library)",
+    )
     t.add_argument("--from", dest="from_offset", type=int, default=None, metavar="OFFSET")
     t.add_argument(
         "--group",
@@ -36,11 +48,13 @@ def register(sub: Any) -> None:
     )
     t.add_argument("--follow", action="store_true", help="keep printing new records")
     t.add_argument("--limit", type=int, default=None, help="stop after this many records")
+    add_file_mode(t)  # a group's position and lock files
     t.set_defaults(handler=tail)
 
 
 def record_json(r: LocalRecord) -> dict[str, Any]:
     return {
+        "tenant": r.tenant,
         "queue": r.queue,
         "offset": r.offset,
         "partition": r.partition,
@@ -65,6 +79,10 @@ def tail(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    # A queue with '/' could spell another tenant's topic ("acme/orders").
+    if not name_ok(args.tenant) or not args.queue or {"/", "\x00"} & set(args.queue):
+        print("nereus tail: tenant and queue are names without '/' or NUL", file=sys.stderr)
+        return 2
     try:
         dest = LocalDestination(path)
     except StoreError as exc:
@@ -86,10 +104,11 @@ def _left(args: argparse.Namespace, printed: int) -> int:
 
 
 def _tail_from(dest: LocalDestination, args: argparse.Namespace) -> int:
+    topic = dest.topic_for(args.queue, tenant=args.tenant)
     offset = args.from_offset or 0
     printed = 0
     while args.limit is None or printed < args.limit:
-        batch = dest.read(args.queue, offset, _left(args, printed))
+        batch = dest.read(topic, offset, _left(args, printed))
         for record in batch:
             print(json.dumps(record_json(record)), flush=True)
         printed += len(batch)
@@ -98,13 +117,15 @@ def _tail_from(dest: LocalDestination, args: argparse.Namespace) -> int:
             continue  # a read returns a page: read on until the topic's end
         if not args.follow:
             break
-        dest.wait_for(args.queue, offset, None, lambda: False)
+        dest.wait_for(topic, offset, None, lambda: False)
     return 0
 
 
 def _tail_group(dest: LocalDestination, args: argparse.Namespace) -> int:
     try:
-        consumer = LocalConsumer(dest, args.queue, group=args.group, auto_commit=False)
+        consumer = LocalConsumer(
+            dest, args.queue, group=args.group, tenant=args.tenant, auto_commit=False
+        )
     except (ConsumerBusy, ValueError) as exc:
         print(f"nereus tail: {exc}", file=sys.stderr)
         return 2

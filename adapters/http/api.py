@@ -293,6 +293,7 @@ class TimerApi:
             limits=self.limits[who.tenant],
             kernel=self.kernel,
             queue_keys=policy.queue_keys,
+            clear_headers=policy.clear_header_queues,
         )
         self.policy.take_rate(who, len(checked))
         reservation = await self._admit(who, checked) if any(c.produces for c in checked) else None
@@ -323,7 +324,7 @@ class TimerApi:
         policy = self.policy.tenant(who)
         reservation = None
         if policy.has_quota:
-            need = quota_need(checked, policy.queue_keys)
+            need = quota_need(checked, policy.queue_keys, policy.clear_header_queues)
             reservation = await self._read(
                 self.policy.reserve_quota, who, need, self.backend.tenant_usage
             )
@@ -348,10 +349,14 @@ class TimerApi:
                 delay_ms=op.delay_ms,
             )
             return record, None
-        payload, encrypted = c.payload, False
-        key_id = self.policy.tenant(who).queue_keys.get(op.queue)
+        payload, headers, encrypted = c.payload, c.headers, False
+        policy = self.policy.tenant(who)
+        key_id = policy.queue_keys.get(op.queue)
         if key_id is not None:
-            payload, encrypted = self._seal(who, key_id, op, c.payload), True
+            # Sealed headers ride inside the envelope, so the record carries none in clear.
+            sealed = policy.sealed_headers(op.queue)
+            payload = self._seal(who, key_id, op, c.payload, headers if sealed else ())
+            headers, encrypted = (() if sealed else headers), True
         return schedule_record(
             op.queue,
             op.timer_key,
@@ -360,18 +365,27 @@ class TimerApi:
             delay_ms=op.delay_ms,
             txn=op.txn,
             partition=op.partition,
-            headers=c.headers,
+            headers=headers,
             producer_sub=who.subject,
             encrypted=encrypted,
         )
 
-    def _seal(self, who: Principal, key_id: str, op: ScheduleOp, clear: bytes) -> bytes:
-        """The envelope to schedule. Sealing is deterministic (adapters/crypto.py), so an
-        identical retry is the identical request and the kernel answers `unchanged`."""
-        return crypto.seal(
+    def _seal(
+        self,
+        who: Principal,
+        key_id: str,
+        op: ScheduleOp,
+        clear: bytes,
+        headers: tuple[tuple[str, str], ...],
+    ) -> bytes:
+        """The envelope to schedule. Sealing is deterministic (adapters/crypto.py) and the
+        headers come sorted, so an identical retry is the identical request and the kernel
+        answers `unchanged`."""
+        return crypto.seal_message(
             self.tenancy.keyring,
             key_id,
             clear,
+            headers,
             tenant=who.tenant,
             queue=op.queue,
             timer_key=op.timer_key,

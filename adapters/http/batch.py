@@ -3,13 +3,15 @@
 Theory of operation: the body must be exactly `{"operations": [...]}` with 1 to
 `MAX_OPERATIONS` operations; each is converted into its tagged struct (unknown fields
 refused), then checked in a fixed order: server-owned fields, identity, txn, delay, horizon,
-payload (base64, ceiling, the envelope's room for an encrypted queue) and headers. The first
-problem refuses the whole batch with its code, so a bad batch never half-reaches the log.
+payload (base64, ceiling, the envelope's room for an encrypted queue, whose envelope also
+seals the headers unless the queue keeps them clear) and headers. The first problem refuses
+the whole batch with its code, so a bad batch never half-reaches the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -114,21 +116,42 @@ def parse_batch(
     limits: Limits,
     kernel: KernelConfig,
     queue_keys: Mapping[str, str] | None = None,
+    clear_headers: AbstractSet[str] = frozenset(),
 ) -> list[Checked]:
-    """The whole batch, validated, or ApiError: nothing of a bad batch is appended."""
+    """The whole batch, validated, or ApiError: nothing of a bad batch is appended.
+    `queue_keys` names the encrypted queues' keys; `clear_headers` those of them whose
+    headers are not sealed."""
     keys = queue_keys or {}
+    sealing = _Sealing(keys, clear_headers)
     try:
         ops: list[Operation] | None = _BATCH.decode(body).operations
     except (msgspec.DecodeError, RecursionError):
         ops = None  # the generic path below finds the first fault and names it
     if ops is None or not 1 <= len(ops) <= MAX_OPERATIONS:
-        return _parse_generic(body, tenant=tenant, limits=limits, kernel=kernel, queue_keys=keys)
+        return _parse_generic(body, tenant=tenant, limits=limits, kernel=kernel, sealing=sealing)
     return [
         _check_typed(
-            op, f"operations[{i}]", tenant=tenant, limits=limits, kernel=kernel, queue_keys=keys
+            op, f"operations[{i}]", tenant=tenant, limits=limits, kernel=kernel, sealing=sealing
         )
         for i, op in enumerate(ops)
     ]
+
+
+@dataclass(frozen=True)
+class _Sealing:
+    """What an encrypted queue seals: its key, and whether the headers go in the envelope."""
+
+    queue_keys: Mapping[str, str]
+    clear_headers: AbstractSet[str]
+
+    def overhead_bytes(self, queue: str, headers: tuple[tuple[str, str], ...]) -> int | None:
+        """How many bytes sealing `headers` for `queue` adds to the payload as stored, or
+        None for a queue that is not encrypted."""
+        key_id = self.queue_keys.get(queue)
+        if key_id is None:
+            return None
+        sealed = () if queue in self.clear_headers else headers
+        return crypto.sealed_size(key_id, 0, sealed)
 
 
 def _parse_generic(
@@ -137,7 +160,7 @@ def _parse_generic(
     tenant: str,
     limits: Limits,
     kernel: KernelConfig,
-    queue_keys: Mapping[str, str],
+    sealing: _Sealing,
 ) -> list[Checked]:
     """Operation by operation from plain JSON values, so that the first problem is named
     in the order of the checks (a server-owned field before an unknown one)."""
@@ -151,7 +174,7 @@ def _parse_generic(
             tenant=tenant,
             limits=limits,
             kernel=kernel,
-            queue_keys=queue_keys,
+            sealing=sealing,
         )
         for index, raw in enumerate(raw_ops)
     ]
@@ -164,7 +187,7 @@ def _check_op(
     tenant: str,
     limits: Limits,
     kernel: KernelConfig,
-    queue_keys: Mapping[str, str],
+    sealing: _Sealing,
 ) -> Checked:
     if isinstance(raw, dict):
         owned = sorted(str(k) for k in raw if k in SERVER_OWNED or str(k).startswith("_"))
@@ -178,9 +201,7 @@ def _check_op(
         raise ApiError("invalid_operation", f"{where}: {exc}") from exc
     except RecursionError:
         raise ApiError("json_too_deep", f"{where}: nests too deep") from None
-    return _check_typed(
-        op, where, tenant=tenant, limits=limits, kernel=kernel, queue_keys=queue_keys
-    )
+    return _check_typed(op, where, tenant=tenant, limits=limits, kernel=kernel, sealing=sealing)
 
 
 def _check_typed(
@@ -190,7 +211,7 @@ def _check_typed(
     tenant: str,
     limits: Limits,
     kernel: KernelConfig,
-    queue_keys: Mapping[str, str],
+    sealing: _Sealing,
 ) -> Checked:
     problem = identity_problem(tenant, op.queue, op.timer_key, kernel)
     if problem is not None:
@@ -210,15 +231,16 @@ def _check_typed(
         return Checked(op)
     payload = op.payload
     ceiling = limits.payload_ceiling
-    key_id = queue_keys.get(op.queue)
-    if key_id is not None:
-        # The ceiling is on the clear payload, but the stored envelope must fit the kernel.
-        ceiling = min(ceiling, kernel.max_payload_bytes - crypto.ENVELOPE_OVERHEAD_BYTES(key_id))
+    headers = tuple(sorted(op.headers.items())) if op.headers else ()
+    added_bytes = sealing.overhead_bytes(op.queue, headers)
+    if added_bytes is not None:
+        # The ceiling is on the clear payload, but the stored envelope (with the sealed
+        # headers in it) must fit the kernel.
+        ceiling = min(ceiling, kernel.max_payload_bytes - added_bytes)
     if len(payload) > ceiling:
         raise ApiError(
             "payload_too_large", f"{where}: {len(payload)} bytes > ceiling {max(ceiling, 0)}"
         )
-    headers = tuple(sorted(op.headers.items())) if op.headers else ()
     if any(name.lower().startswith(RESERVED_HEADER_PREFIX) for name, _ in headers):
         raise ApiError("server_owned_field", f"{where}: nereus-* headers are set by the server")
     if check_headers(headers, kernel) is not None:

@@ -179,7 +179,9 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
                     "type": "object",
                     "additionalProperties": _STR,
                     "maxProperties": kernel.max_headers,
-                    "description": "nereus-* names are the server's (400 server_owned_field).",
+                    "description": "nereus-* names are the server's (400 server_owned_field). "
+                    "On an encrypted queue they are sealed inside the payload's envelope "
+                    "unless the queue keeps them clear (seal_headers = false).",
                 },
             },
             required=["op", "queue", "timerKey"],

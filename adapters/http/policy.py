@@ -18,6 +18,7 @@ commits (a live key's upsert adds nothing, a cancelled or delivered one's adds a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 from nereus.adapters import crypto
 from nereus.adapters.http.batch import Checked, ScheduleOp
@@ -37,10 +38,15 @@ from nereus.kernel.model import TenantUsage
 _HINT = ((HINT_HEADER, HINT_VALUE),)
 
 
-def quota_need(checked: Sequence[Checked], queue_keys: Mapping[str, str]) -> TenantUsage:
+def quota_need(
+    checked: Sequence[Checked],
+    queue_keys: Mapping[str, str],
+    clear_headers: AbstractSet[str] = frozenset(),
+) -> TenantUsage:
     """The most a batch can add to its tenant's usage: one live timer per distinct key it
     schedules, with the largest payload it gives that key as stored (sealed, for an
-    encrypted queue). Reschedules keep their payload and cancels only free room: zero."""
+    encrypted queue, with the headers inside unless the queue is in `clear_headers`).
+    Reschedules keep their payload and cancels only free room: zero."""
     sizes: dict[tuple[str, str], int] = {}
     for c in checked:
         op = c.op
@@ -48,7 +54,8 @@ def quota_need(checked: Sequence[Checked], queue_keys: Mapping[str, str]) -> Ten
             key_id = queue_keys.get(op.queue)
             size = len(c.payload)
             if key_id is not None:
-                size += crypto.ENVELOPE_OVERHEAD_BYTES(key_id)
+                sealed = () if op.queue in clear_headers else c.headers
+                size = crypto.sealed_size(key_id, size, sealed)
             key = (op.queue, op.timer_key)
             sizes[key] = max(sizes.get(key, 0), size)
     return TenantUsage(live=len(sizes), bytes=sum(sizes.values()))

@@ -25,7 +25,9 @@ class KafkaServiceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     default_shards: int = 4
     replication_factor: int = -1  # -1: the broker's default
     process_id: str = msgspec.field(default_factory=default_process_id)
-    # queue -> destination topic (a queue not listed publishes to the topic of its name).
+    # "queue" (every tenant's) or "tenant/queue" -> destination topic; a queue not listed
+    # publishes to "<tenant>.<queue>", the default tenant's to the queue's own name
+    # (`adapters.tenant_topics`). Two tenants on one topic: `nereus serve` refuses it.
     destination_topics: dict[str, str] = msgspec.field(default_factory=dict)
     # The cluster the timers are published to, if not the one holding the commands topic.
     destination_bootstrap: str | None = None

@@ -1,8 +1,10 @@
 """The Kafka destination: timers published as records to Apache Kafka with confluent-kafka.
 
-Theory of operation: each `Send` becomes one record in the topic its queue maps to, keyed by
-the timer's partition key, with Nereus's headers (message id, generation, attempt id, txn,
-producer). `submit` never blocks; results come back through `poll`. Two capabilities
+Theory of operation: each `Send` becomes one record in the topic its tenant's queue maps to
+(`adapters.tenant_topics.broker_topic`: a `tenant/queue` mapping, a `queue` mapping, else
+`<tenant>.<queue>`, the plain queue for the default tenant), keyed by the timer's partition
+key, with Nereus's headers (message id, generation, attempt id, txn, tenant, producer).
+`submit` never blocks; results come back through `poll`. Two capabilities
 (`KafkaDestinationConfig.delivery`, decided in `specs/kafka.md`):
 
 * **transactional** (the default): a producer with a stable `transactional.id` per shard and
@@ -34,7 +36,10 @@ when the producer's `batch.size` exceeds a topic's `max.message.bytes`: keep `ba
 below the smallest topic limit (they come back retriable, `batch_too_large`).
 
 Evidence (`search`) is looked for in bulk by `adapters.kafka.evidence`: one read of each
-partition for every lookup of a search, in the background.
+partition for every lookup of a search, in the background. A tenant's queue whose topic was
+another before topics were named by tenant (`tenant_topics.legacy_topic`) is looked for in
+both: an attempt admitted before the upgrade was sent to the old one, and a search that read
+only the new one would take its absence there for proof.
 """
 
 from __future__ import annotations
@@ -61,8 +66,11 @@ from nereus.adapters.kafka.outcomes import (
     report_evidence,
 )
 from nereus.adapters.kafka.txn import Outgoing, TransactionalSender, TxnSettings
+from nereus.adapters.tenant_topics import broker_topic, legacy_topic
+from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published, Unknown
 from nereus.runtime.destination import (
+    DLQ_SUFFIX,
     Lookup,
     PublishResult,
     Search,
@@ -80,7 +88,8 @@ Delivery = Literal["transactional", "idempotent"]
 class KafkaDestinationConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bootstrap: str
     name: str = "kafka"
-    # queue -> topic; a queue not listed publishes to the topic of its own name.
+    # "queue" (every tenant's) or "tenant/queue" -> topic; a queue not listed publishes to
+    # "<tenant>.<queue>" (the default tenant's to the queue's own name).
     topics: dict[str, str] = msgspec.field(default_factory=dict)
     delivery: Delivery = "transactional"
     # The transactional capability's producer id. None: "nereus-dest.<store id>", set when
@@ -138,6 +147,10 @@ class KafkaDestination:
         self._results: list[SendResult] = []
         self._limits: dict[str, tuple[int | None, float]] = {}
         self._admin: Any = None
+        # Topic a tenant's queue is sent to now -> the one it had before topics were named
+        # by tenant, where they differ (filled as topics are asked for: recovery asks for
+        # an attempt's topic before it looks for it).
+        self._legacy: dict[str, str] = {}
         self.fence_id: str | None = None
         self._sender: TransactionalSender | None = None
         # The idempotent capability: its producer, the sends it holds whose report has not
@@ -227,8 +240,12 @@ class KafkaDestination:
             self._admin = AdminClient(conf)
         return self._admin
 
-    def topic_for(self, queue: str) -> str:
-        return self.config.topics.get(queue, queue)
+    def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
+        topic = broker_topic(self.config.topics, tenant, queue)
+        old = legacy_topic(self.config.topics, queue)
+        if old != topic:
+            self._legacy[topic] = old
+        return topic
 
     def _topic_limit(self, topic: str, *, fetch: bool = True) -> int | None:
         """The topic's max.message.bytes, or None if it was never read (no such topic, or no
@@ -394,7 +411,20 @@ class KafkaDestination:
     def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
         if self._reader is None:
             raise RuntimeError("a transactional destination searches only after open()")
-        return self._reader.search(lookups, wake)
+        return self._reader.search([*lookups, *self._legacy_lookups(lookups)], wake)
+
+    def _legacy_lookups(self, lookups: Sequence[Lookup]) -> list[Lookup]:
+        """The same attempts in the topics their queues had before topics were named by
+        tenant (the reader matches attempt ids in every partition it reads)."""
+        twins: list[Lookup] = []
+        for lk in lookups:
+            base, dlq = lk.topic, ""
+            if base not in self._legacy and base.endswith(DLQ_SUFFIX):
+                base, dlq = base[: -len(DLQ_SUFFIX)], DLQ_SUFFIX
+            old = self._legacy.get(base)
+            if old is not None:
+                twins.append(Lookup(lk.attempt_id, old + dlq, lk.since_ms))
+        return twins
 
     def find(self, attempt_id: str, topic: str, since_ms: int) -> Evidence | None:
         """One lookup, waiting for its search: for tools and tests, not the runtime."""

@@ -36,6 +36,7 @@ from nereus.runtime.destination import Destination
 from nereus.runtime.log import Logger
 from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
 from nereus.runtime.shard import ShardRuntime
+from nereus.storage import files
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 
@@ -138,7 +139,7 @@ class ShardOwnership:
         except FileNotFoundError:
             pass
         made = f"nereus-{uuid.uuid4().hex}"
-        with open(path + ".tmp", "w") as f:
+        with open(path + ".tmp", "w", opener=files.opener) as f:
             f.write(made + "\n")
             f.flush()
             os.fsync(f.fileno())

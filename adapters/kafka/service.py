@@ -28,7 +28,6 @@ A service that owns shards owns its data directory from `start` to `close` (`sto
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +49,7 @@ from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Destination
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
+from nereus.storage import files
 from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import Appendable, ShardStore
@@ -118,7 +118,7 @@ class KafkaService:
         if self._started:
             return
         if self.config.own_shards:
-            os.makedirs(self.config.data_dir, exist_ok=True)
+            files.make_dirs(self.config.data_dir)
             # Its shard stores and its static member id are this process's alone: a second
             # process on the directory would share the member id and fence this one.
             self._lock = lock_directory(self.config.data_dir)

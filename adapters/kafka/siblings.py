@@ -23,7 +23,7 @@ import contextlib
 import http.client
 import json
 import os
-import tempfile
+import secrets
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -37,6 +37,7 @@ from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka import exposition
 from nereus.adapters.local.results import Peek
 from nereus.kernel.model import Message
+from nereus.storage import files
 
 TOKEN_ENV = "NEREUS_SIBLING_TOKEN"
 TOKEN_HEADER = "X-Nereus-Sibling"
@@ -68,13 +69,15 @@ class SiblingDirectory:
     def __init__(self, path: str, name: str) -> None:
         self.path = path
         self.name = name
-        os.makedirs(path, exist_ok=True)
+        files.make_dirs(path)
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, f"{name}.json")
 
     def register(self, address: str) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
+        # Not mkstemp: its files are 0600 whatever the configured mode says.
+        tmp = os.path.join(self.path, f".tmp-{self.name}-{os.getpid()}-{secrets.token_hex(4)}")
+        fd = files.create_file(tmp, os.O_WRONLY | os.O_EXCL)
         with os.fdopen(fd, "w") as out:
             json.dump({"process": self.name, "read": address, "pid": os.getpid()}, out)
         os.replace(tmp, self._file(self.name))

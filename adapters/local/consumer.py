@@ -6,10 +6,12 @@
 
     nereus.consumer("reminders", group="mailer").run(handle)   # the handler form
 
-Theory of operation: a queue's deliveries are a topic of the local destination with dense
-offsets from 0. A consumer group has one durable position per topic, kept in the
-destination's own LMDB environment: the offset of the first record the group has not
-handled. A consumer starts there and hands records out in offset order, a batch at a time
+Theory of operation: a tenant's queue's deliveries are a topic of the local destination with
+dense offsets from 0 (`adapters.tenant_topics.local_topic`; the consumer reads the default
+tenant's unless given `tenant`), so a consumer sees its own tenant's records and no
+other's. A consumer group has one durable position per topic, kept in the destination's own
+LMDB environment: the offset of the first record the group has not handled. A consumer
+starts there and hands records out in offset order, a batch at a time
 (what is there, up to `max_batch`); committing moves the position past what was handled, in
 one synced write. Delivery is at least once: a record handed out but not committed (a crash,
 an exception, a `break`) is handed out again by the group's next consumer, and the position
@@ -40,6 +42,9 @@ from collections.abc import Callable, Iterator
 
 from nereus.adapters.local.arguments import integer, text
 from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.adapters.tenant_topics import LOCAL_SEPARATOR, name_ok
+from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.storage import files
 
 # A group name is part of an LMDB key beside the topic (511 bytes at most).
 MAX_GROUP_BYTES = 150
@@ -52,7 +57,7 @@ class ConsumerBusy(RuntimeError):
 
 
 class LocalConsumer:
-    """Reads one topic of a `LocalDestination` for one consumer group."""
+    """Reads one tenant's queue (one topic) of a `LocalDestination` for one consumer group."""
 
     def __init__(
         self,
@@ -60,10 +65,18 @@ class LocalConsumer:
         queue: str,
         *,
         group: str,
+        tenant: str = DEFAULT_TENANT,
         auto_commit: bool = True,
         max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         self.queue = text("queue", queue)
+        self.tenant = text("tenant", tenant)
+        # A name with '/' could spell another tenant's topic ("acme/orders" as a queue).
+        if not self.queue or LOCAL_SEPARATOR in self.queue or "\x00" in self.queue:
+            raise ValueError("queue must be a queue name: not empty, without '/' or NUL")
+        if not name_ok(self.tenant):
+            raise ValueError("tenant must be a tenant name: 1..150 bytes without '/' or NUL")
+        self.topic = destination.topic_for(self.queue, tenant=self.tenant)
         self.group = text("group", group)
         if not self.group or "\x00" in self.group or len(self.group.encode()) > MAX_GROUP_BYTES:
             raise ValueError(f"group must be 1..{MAX_GROUP_BYTES} bytes without NUL")
@@ -72,10 +85,10 @@ class LocalConsumer:
         self.auto_commit = auto_commit
         self.max_batch = _count("max_batch", max_batch)
         self._destination = destination
-        self._lock_fd = _lock(destination.path, self.group, self.queue)
+        self._lock_fd = _lock(destination.path, self.group, self.topic)
         self._closed = threading.Event()
         try:
-            self._committed = destination.committed(self.group, self.queue) or 0
+            self._committed = destination.committed(self.group, self.topic) or 0
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -118,8 +131,8 @@ class LocalConsumer:
         if record is None:
             offset = self._next
         else:
-            if not isinstance(record, LocalRecord) or record.queue != self.queue:
-                raise ValueError(f"commit takes a record of {self.queue!r} from this consumer")
+            if not self._own(record):
+                raise ValueError(f"commit takes a record of {self.topic!r} from this consumer")
             if record.offset >= self._next:
                 raise ValueError(f"record {record.offset} was not handed out by this consumer")
             offset = record.offset + 1
@@ -226,13 +239,13 @@ class LocalConsumer:
             raise TypeError(f"timeout_s must be a number or None, not {type(timeout_s).__name__}")
         if self._closed.is_set():
             return []
-        batch = self._destination.read(self.queue, self._next, max_records)
+        batch = self._destination.read(self.topic, self._next, max_records)
         if batch:
             return batch
         self._flush_handled()
-        if not self._destination.wait_for(self.queue, self._next, timeout_s, self._closed.is_set):
+        if not self._destination.wait_for(self.topic, self._next, timeout_s, self._closed.is_set):
             return []
-        return self._destination.read(self.queue, self._next, max_records)
+        return self._destination.read(self.topic, self._next, max_records)
 
     def _leave(self, record: LocalRecord) -> None:
         """The handler of `record` raised or its loop was left: commit what came before and
@@ -249,12 +262,21 @@ class LocalConsumer:
 
     def _flush(self) -> None:
         if self._handled > self._committed:
-            self._destination.commit(self.group, self.queue, self._handled)
+            self._destination.commit(self.group, self.topic, self._handled)
             self._committed = self._handled
+
+    def _own(self, record: object) -> bool:
+        """A record of this consumer's topic (one written before records carried their
+        tenant has none: it is in a default tenant's topic)."""
+        return (
+            isinstance(record, LocalRecord)
+            and record.queue == self.queue
+            and (record.tenant or DEFAULT_TENANT) == self.tenant
+        )
 
     def _check_open(self) -> None:
         if self._closed.is_set():
-            raise RuntimeError(f"the consumer of {self.queue!r} for {self.group!r} is closed")
+            raise RuntimeError(f"the consumer of {self.topic!r} for {self.group!r} is closed")
 
 
 def _count(name: str, value: object) -> int:
@@ -264,18 +286,18 @@ def _count(name: str, value: object) -> int:
     return number
 
 
-def _lock(path: str, group: str, queue: str) -> int:
+def _lock(path: str, group: str, topic: str) -> int:
     folder = os.path.join(path, "consumers")
-    os.makedirs(folder, exist_ok=True)
-    name = hashlib.sha256(f"{group}\x00{queue}".encode()).hexdigest()[:32]
-    fd = os.open(os.path.join(folder, f"{name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    files.make_dirs(folder)
+    name = hashlib.sha256(f"{group}\x00{topic}".encode()).hexdigest()[:32]
+    fd = files.create_file(os.path.join(folder, f"{name}.lock"), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise ConsumerBusy(
-            f"group {group!r} already has a consumer of {queue!r} ({holder}): one at a "
+            f"group {group!r} already has a consumer of {topic!r} ({holder}): one at a "
             "time per group and queue"
         ) from None
     os.ftruncate(fd, 0)

@@ -1,8 +1,11 @@
 """The embedded default destination: durable local topics in their own LMDB environment.
 
-Theory of operation: each queue is a topic with dense offsets from 0. A batch of sends is
-written in one LMDB write transaction committed with sync, so after `submit` returns each
-record is either durably there with its offset or not there at all. An index from attempt id
+Theory of operation: each tenant's queue is a topic with dense offsets from 0, named by
+`adapters.tenant_topics.local_topic`: the queue's name for the default tenant,
+`<tenant>/<queue>` for any other (no name holds '/', so two tenants never share a topic).
+Every record names its tenant and queue. A batch of sends is written in one LMDB write
+transaction committed with sync, so after `submit` returns each record is either durably
+there with its offset or not there at all. An index from attempt id
 to (topic, offset) gives exact evidence lookup. Consumers (`adapters.local.consumer`, and
 `nereus tail --group`) keep their positions here too, one per consumer group and topic,
 and are woken by the sends of their own process (`wait_for`).
@@ -23,8 +26,11 @@ from typing import Any
 import lmdb
 import msgspec
 
+from nereus.adapters.tenant_topics import local_topic, split_local_topic
+from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published
 from nereus.runtime.destination import (
+    H_TENANT,
     FinishedSearch,
     Lookup,
     Search,
@@ -32,6 +38,7 @@ from nereus.runtime.destination import (
     Send,
     SendResult,
 )
+from nereus.storage import files
 from nereus.storage.codec import decode_struct, encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.lmdbcheck import check_data_file
@@ -43,6 +50,10 @@ OTHER_WRITER_POLL_S = 0.1
 
 
 class LocalRecord(msgspec.Struct, frozen=True):
+    """One delivered record. `queue` is the queue it was scheduled to (a dead-letter copy's
+    is `<queue>.dlq`), `tenant` the tenant whose timer it is; None on a record written
+    before records carried their tenant (`specs/destinations.md`)."""
+
     queue: str
     offset: int
     partition: str | None
@@ -56,6 +67,7 @@ class LocalRecord(msgspec.Struct, frozen=True):
     payload: bytes
     producer_sub: str | None
     encrypted: bool
+    tenant: str | None = None
 
 
 def _record_key(topic: str, offset: int) -> bytes:
@@ -81,7 +93,7 @@ class LocalDestination:
         before_send: Callable[[Sequence[Send]], None] | None = None,
         map_size_bytes: int = 64 * 1024**3,
     ) -> None:
-        os.makedirs(path, exist_ok=True)
+        files.make_dirs(path)
         check_data_file(os.path.join(path, "data.mdb"))
         self.path = path
         self._max_record_bytes = max_record_bytes
@@ -89,7 +101,9 @@ class LocalDestination:
         self._before_send = before_send
         try:
             # Address space, not disk (as the shard store's): LMDB grows the file as used.
-            self._env: Any = lmdb.open(path, map_size=map_size_bytes, max_dbs=8, sync=sync)
+            self._env: Any = lmdb.open(
+                path, map_size=map_size_bytes, max_dbs=8, sync=sync, mode=files.file_mode()
+            )
             self._records = self._env.open_db(b"records")
             self._offsets = self._env.open_db(b"offsets")
             self._attempts = self._env.open_db(b"attempts")
@@ -110,8 +124,8 @@ class LocalDestination:
     def max_record_bytes(self, topic: str) -> int:
         return self._max_record_bytes
 
-    def topic_for(self, queue: str) -> str:
-        return queue
+    def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
+        return local_topic(tenant, queue)
 
     def submit(self, sends: Sequence[Send], now_ms: int) -> None:
         if not sends:
@@ -138,8 +152,9 @@ class LocalDestination:
                     if offset is None:
                         raw = txn.get(p.topic.encode(), db=self._offsets)
                         offset = 0 if raw is None else int.from_bytes(raw, "big")
+                    tenant, queue = _tenant_queue(send)
                     record = LocalRecord(
-                        queue=p.topic,
+                        queue=queue,
                         offset=offset,
                         partition=p.key.decode() if p.key is not None else None,
                         message_id=p.message_id,
@@ -152,6 +167,7 @@ class LocalDestination:
                         payload=p.value,
                         producer_sub=p.producer_sub,
                         encrypted=p.encrypted,
+                        tenant=tenant,
                     )
                     txn.put(_record_key(p.topic, offset), encode_value(record), db=self._records)
                     txn.put(
@@ -207,7 +223,8 @@ class LocalDestination:
         if raw is None:
             return None
         record = decode_struct(LocalRecord, raw, self.path, f"record {key!r}")
-        return Evidence(record.queue, 0, record.offset, record.delivered_at_ms)
+        topic = key.partition(b"\x00")[0].decode()
+        return Evidence(topic, 0, record.offset, record.delivered_at_ms)
 
     def read(self, topic: str, from_offset: int = 0, limit: int = 1000) -> list[LocalRecord]:
         out: list[LocalRecord] = []
@@ -280,6 +297,16 @@ class LocalDestination:
             self._closed = True
             self._arrived.notify_all()
             self._env.close()
+
+
+def _tenant_queue(send: Send) -> tuple[str, str]:
+    """The tenant and queue a send's record names: the tenant from its header (what the
+    message says), the queue from its topic."""
+    tenant, queue = split_local_topic(send.prepared.topic)
+    for name, value in send.prepared.headers:
+        if name == H_TENANT:
+            return value.decode(errors="replace"), queue
+    return tenant, queue
 
 
 def _position_key(group: str, topic: str) -> bytes:

@@ -52,6 +52,7 @@ from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
+from nereus.storage import files
 from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import Appendable, ShardStore
@@ -110,7 +111,7 @@ class Nereus(TimerCommands):
         directory is this object's until `close`: another open of it, in this process or
         another, raises `StoreLocked` naming the holder's pid."""
         log = logger or NullLogger()
-        os.makedirs(data_dir, exist_ok=True)
+        files.make_dirs(data_dir)
         # One owner for the whole directory: the shard store and the local destination.
         lock = lock_directory(data_dir)
         try:
@@ -191,20 +192,27 @@ class Nereus(TimerCommands):
         queue: str,
         *,
         group: str,
+        tenant: str = DEFAULT_TENANT,
         auto_commit: bool = True,
         max_batch: int = DEFAULT_MAX_BATCH,
     ) -> LocalConsumer:
-        """A consumer of the timers delivered to `queue` (its dead letters: `queue + ".dlq"`)
-        for the consumer group `group`, from the group's durable position on; at least
-        once, committed per batch of at most `max_batch` records with `auto_commit`
-        (`adapters.local.consumer`). One consumer per group and queue at a time."""
+        """A consumer of the timers delivered to `tenant`'s `queue` (its dead letters:
+        `queue + ".dlq"`) for the consumer group `group`, from the group's durable position
+        on; at least once, committed per batch of at most `max_batch` records with
+        `auto_commit` (`adapters.local.consumer`). It sees that tenant's records only. One
+        consumer per group and queue at a time."""
         if not isinstance(self.destination, LocalDestination):
             raise TypeError(
                 f"the destination is {self.destination.name!r}, not the local one: consume it "
                 "with its own client (Kafka: a consumer with isolation.level=read_committed)"
             )
         consumer = LocalConsumer(
-            self.destination, queue, group=group, auto_commit=auto_commit, max_batch=max_batch
+            self.destination,
+            queue,
+            group=group,
+            tenant=tenant,
+            auto_commit=auto_commit,
+            max_batch=max_batch,
         )
         self._consumers = [c for c in self._consumers if not c._closed.is_set()]
         self._consumers.append(consumer)
@@ -255,7 +263,7 @@ def pin_capabilities(items: Sequence[Appendable], destination: Destination) -> l
     out: list[Appendable] = []
     for record, payload in items:
         if isinstance(record, Schedule):
-            pinned = capability_for(destination, record.queue)
+            pinned = capability_for(destination, record.queue, tenant=record.tenant)
             if pinned != record.capability:
                 out.append((msgspec.structs.replace(record, capability=pinned), payload))
                 continue

@@ -6,16 +6,22 @@
     delivery = "handoff"                         # "managed" (default) or "handoff"
     handoff_lead_ms = 2000
     clock_ahead_bound_ms = 50                    # certified; without it: never a handoff
-    topics = { reminders = "persistent://acme/timers/reminders" }
+    topics = { reminders = "persistent://acme/timers/reminders" }   # every tenant's reminders
+    shared_topics = []                           # topics two tenants may both be delivered to
     auth = { kind = "token", token_env = "PULSAR_TOKEN" }
 
     [pulsar.queues]
     reminders = "main"                           # queue -> target; others: the local destination
+    "acme/billing" = "main"                      # one tenant's queue
 
 Theory of operation: parsed with msgspec into frozen structs that refuse unknown keys, and
 checked here (a handoff without a certified bound or an admin URL, a negative lead, a queue
-naming an unknown target, ...), so a bad file stops the service at start with a
-`ConfigError` naming the key. Secrets are never in the file: `token_env` and `password_env`
+naming an unknown target, two tenants' queues on one topic not declared shared
+(`adapters.tenant_topics`), ...), so a bad file stops the service at start with a
+`ConfigError` naming the key. Keys of `topics` and `[pulsar.queues]` are a queue (every
+tenant's) or `tenant/queue`; a queue without a topic publishes to
+`persistent://<tenant>/<namespace>/<nereus tenant>.<queue>` (the plain queue for the default
+tenant). Secrets are never in the file: `token_env` and `password_env`
 name environment variables, read when the client is made (a missing one is refused then, by
 name). No Pulsar client is imported here.
 """
@@ -23,10 +29,13 @@ name). No Pulsar client is imported here.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Literal
 
 import msgspec
+
+from nereus.adapters.tenant_topics import broker_topic, name_ok, split_key, topic_problem
+from nereus.kernel.keys import DEFAULT_TENANT
 
 Delivery = Literal["managed", "handoff"]
 
@@ -49,10 +58,14 @@ class PulsarTargetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     # The admin (HTTP) API, read for the broker's delayed-delivery and size settings. A
     # handoff is never offered without it.
     admin_url: str | None = None
-    # Queues not in `topics` publish to persistent://tenant/namespace/<queue>.
+    # Queues not in `topics` publish to persistent://tenant/namespace/<Nereus tenant>.<queue>
+    # (the default tenant's to .../<queue>). Keys: "queue" (every tenant's) or "tenant/queue".
     tenant: str = "public"
     namespace: str = "default"
     topics: dict[str, str] = msgspec.field(default_factory=dict)
+    # Topics more than one tenant may be delivered to (each record names its tenant);
+    # any other that two tenants' queues would reach refuses the configuration.
+    shared_topics: list[str] = msgspec.field(default_factory=list)
     delivery: Delivery = "managed"
     handoff_lead_ms: int = 0
     # The certified bound on how far the target's clock may run ahead of true time. None:
@@ -85,8 +98,12 @@ class PulsarTargetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     find_max_seconds: float = 60.0
     close_timeout_s: float = 10.0
 
-    def topic_for(self, queue: str) -> str:
-        return self.topics.get(queue) or f"persistent://{self.tenant}/{self.namespace}/{queue}"
+    @property
+    def topic_prefix(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/"
+
+    def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
+        return broker_topic(self.topics, tenant, queue, self.topic_prefix)
 
 
 class PulsarSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -104,6 +121,11 @@ class PulsarRouting(msgspec.Struct, frozen=True):
     targets: dict[str, PulsarTargetConfig]
     queues: dict[str, str]
     default: str = "local"
+
+    def target_of(self, queue: str, tenant: str = DEFAULT_TENANT) -> str:
+        """Where a tenant's queue goes: its `tenant/queue` route, its `queue` route, else
+        the default."""
+        return self.queues.get(f"{tenant}/{queue}") or self.queues.get(queue) or self.default
 
 
 Fail = Callable[[str, str], Exception]
@@ -156,8 +178,10 @@ def parse_section(
     convert: Callable[[object, type[msgspec.Struct], str], msgspec.Struct],
     *,
     service_url: str | None = None,
+    tenants: Collection[str] = (DEFAULT_TENANT,),
 ) -> PulsarRouting:
-    """The `[pulsar]` section; `service_url` (from `--pulsar`) fills targets that give none."""
+    """The `[pulsar]` section; `service_url` (from `--pulsar`) fills targets that give none.
+    Refused when two of `tenants` would share a topic not declared shared."""
     section = convert(raw, PulsarSection, "pulsar")
     assert isinstance(section, PulsarSection)
     targets: dict[str, PulsarTargetConfig] = {}
@@ -177,7 +201,38 @@ def parse_section(
             raise fail(f"pulsar.queues.{queue}", f"no target {target_name!r} in [pulsar.targets]")
     if section.default != "local" and section.default not in targets:
         raise fail("pulsar.default", f"no target {section.default!r} in [pulsar.targets]")
-    return PulsarRouting(targets, dict(section.queues), section.default)
+    routing = PulsarRouting(targets, dict(section.queues), section.default)
+    check_tenant_topics(routing, tenants, fail)
+    return routing
+
+
+def check_tenant_topics(routing: PulsarRouting, tenants: Collection[str], fail: Fail) -> None:
+    """Refuse routes or topics that would deliver two tenants to one topic of a target that
+    does not declare it shared (`adapters.tenant_topics.topic_problem`), naming the key."""
+    for key in routing.queues:
+        tenant, queue = split_key(key)
+        if not name_ok(queue) or (tenant is not None and not name_ok(tenant)):
+            raise fail(f"pulsar.queues.{key}", "a key is QUEUE or TENANT/QUEUE")
+        if tenant is not None and tenant not in tenants:
+            raise fail(f"pulsar.queues.{key}", f"no tenant {tenant!r} is configured")
+    routed = [split_key(key)[1] for key in routing.queues]
+    for name, target in routing.targets.items():
+
+        def here(tenant: str, queue: str, name: str = name) -> bool:
+            return routing.target_of(queue, tenant) == name
+
+        problem = topic_problem(
+            target.topics,
+            tenants,
+            shared=target.shared_topics,
+            prefix=target.topic_prefix,
+            routes=here,
+            named=routed,
+            open_ended=routing.default == name,
+        )
+        if problem is not None:
+            key = f"pulsar.targets.{name}.topics.{problem.key}" if problem.key else "tenants"
+            raise fail(key, problem.problem)
 
 
 def routing_for_url(service_url: str, topics: dict[str, str]) -> PulsarRouting:

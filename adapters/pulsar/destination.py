@@ -19,14 +19,21 @@ as message properties (message id, generation, attempt id, txn, producer). Two c
   consumer on an Exclusive or Failover subscription sees a handed-off message at once.
 
 `submit` never blocks: the sends go to the destination's sender thread, which makes the
-producers (one per topic, named `<prefix>.<store id>.<topic index>` so broker-side
-deduplication recognises the client's resends after a reconnect, across restarts too) and
-calls `send_async`; the answers are classified by `adapters.pulsar.outcomes` and collected
-by `poll`. Client warnings and errors (reconnects, send errors) count as disturbances that
-make a broker refusal UNKNOWN. PUBLISHED carries the broker's message id and the send's own
-time, which every message also carries (`nereus-sent-at`), so that a search finding it later
-stamps it with that time and not its batch's (`adapters.pulsar.stamps`). Evidence is looked
-for in bulk by `adapters.pulsar.evidence`.
+producers and calls `send_async`. A topic gets two producers, each with its own name and so
+its own sequence ids: `<prefix>.<store id>.<topic index>` (batching) for ordinary sends and
+`<prefix>.<store id>.<topic index>.handoff` (no batching) for handed-off ones. The client
+never batches a `deliver_at` message: it sends it at once, ahead of the batch still open on
+its producer, whose messages have lower sequence ids, and a deduplicating broker then drops
+that batch whole (`Ok` without a position, measured). On a producer of their own, delayed
+sends cannot overtake a batch, and each producer's sequence ids reach the broker in order
+(specs/pulsar.md, "Delayed and ordinary sends on one topic"). Stable names let broker-side
+deduplication recognise the client's resends after a reconnect. The answers are classified
+by `adapters.pulsar.outcomes` and collected by `poll`. Client warnings and errors
+(reconnects, send errors) count as disturbances that make a broker refusal UNKNOWN.
+PUBLISHED carries the broker's message id and the send's own time, which every message also
+carries (`nereus-sent-at`), so that a search finding it later stamps it with that time and
+not its batch's (`adapters.pulsar.stamps`). Evidence is looked for in bulk by
+`adapters.pulsar.evidence`.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from nereus.adapters.pulsar.outcomes import (
 )
 from nereus.adapters.pulsar.stamps import H_REVEAL_AT, H_SENT_AT, live_at_ms, sent_at_ms
 from nereus.kernel.config import KernelConfig
+from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Unknown
 from nereus.runtime.destination import (
     Lookup,
@@ -131,7 +139,9 @@ class PulsarDestination:
         self._broker: BrokerSettings | None = None
         self._settings: dict[str, DelaySettings] = {}
         self._wanted_topics: set[str] = set(config.topic_for(q) for q in config.topics)
-        self._producers: dict[str, Any] = {}
+        # (topic, handoff) -> producer; a topic keeps its index for both of its producers.
+        self._producers: dict[tuple[str, bool], Any] = {}
+        self._topic_index: dict[str, int] = {}
         self._prefix = f"{config.producer_name_prefix or 'nereus'}.unopened"
         self._outgoing: queue.Queue[tuple[list[Send], int] | None] = queue.Queue()
         self._stop = threading.Event()
@@ -261,13 +271,14 @@ class PulsarDestination:
                 self._wanted_topics.add(topic)  # read by the next refresh
         return settings
 
-    def capability_for(self, queue: str) -> Capability:
+    def capability_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> Capability:
         if self.config.delivery != "handoff":
             return IMMEDIATE
-        return capability_or_managed(self._handoff(self._topic_settings(self.topic_for(queue))))
+        topic = self.topic_for(queue, tenant=tenant)
+        return capability_or_managed(self._handoff(self._topic_settings(topic)))
 
-    def accepts(self, queue: str, capability: Capability) -> bool:
-        settings = self._topic_settings(self.topic_for(queue))
+    def accepts(self, queue: str, capability: Capability, *, tenant: str = DEFAULT_TENANT) -> bool:
+        settings = self._topic_settings(self.topic_for(queue, tenant=tenant))
         return accepts(
             capability,
             self.config.clock_ahead_bound_ms,
@@ -275,8 +286,8 @@ class PulsarDestination:
             slack_ms=self.config.max_delay_slack_ms,
         )
 
-    def topic_for(self, queue: str) -> str:
-        return self.config.topic_for(queue)
+    def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
+        return self.config.topic_for(queue, tenant=tenant)
 
     def max_record_bytes(self, topic: str) -> int:
         broker = self._broker
@@ -304,45 +315,53 @@ class PulsarDestination:
             if item is None:
                 return
             sends, gate_ms = item
-            failed: dict[str, NotPublished] = {}
+            failed: dict[tuple[str, bool], NotPublished] = {}
             for send in sends:
                 self._send_one(send, failed, gate_ms)
 
-    def _producer(self, topic: str) -> Any:
-        producer = self._producers.get(topic)
+    def _producer(self, topic: str, handoff: bool) -> Any:
+        """The topic's producer for handed-off sends (`handoff`) or for ordinary ones. Never
+        one producer for both: a `deliver_at` send would overtake the open batch."""
+        producer = self._producers.get((topic, handoff))
         if producer is None:
             c = self.config
+            index = self._topic_index.setdefault(topic, len(self._topic_index))
             producer = self.client.create_producer(
                 topic,
-                producer_name=f"{self._prefix}.{len(self._producers)}",
+                producer_name=f"{self._prefix}.{index}" + (".handoff" if handoff else ""),
                 send_timeout_millis=c.send_timeout_ms,
-                batching_enabled=c.batching,
+                # A deliver_at message is never batched; with batching off, no client
+                # version can put one behind, or ahead of, a batch of this producer.
+                batching_enabled=c.batching and not handoff,
                 batching_max_publish_delay_ms=c.batching_max_publish_delay_ms,
                 max_pending_messages=c.max_pending_messages,
                 block_if_queue_full=False,
             )
-            self._producers[topic] = producer
+            self._producers[(topic, handoff)] = producer
         return producer
 
-    def _send_one(self, send: Send, failed: dict[str, NotPublished], gate_ms: int) -> None:
+    def _send_one(
+        self, send: Send, failed: dict[tuple[str, bool], NotPublished], gate_ms: int
+    ) -> None:
         p = send.prepared
         if p.size_bytes() > self.max_record_bytes(p.topic):
             refused = NotPublished("permanent", "record_too_large", f"{p.size_bytes()} bytes")
             self._deliver(SendResult.of(send, refused))
             return
-        if p.topic in failed:  # its producer could not be made in this round
-            self._deliver(SendResult.of(send, failed[p.topic]))
+        reveal_ms = reveal_at_ms(p.deliver_at_ms, p.capability)
+        which = (p.topic, reveal_ms is not None)
+        if which in failed:  # its producer could not be made in this round
+            self._deliver(SendResult.of(send, failed[which]))
             return
         try:
-            producer = self._producer(p.topic)
+            producer = self._producer(*which)
         except pulsar.PulsarException as exc:
-            failed[p.topic] = classify_create_error(exc)
+            failed[which] = classify_create_error(exc)
             self.log.warning("pulsar_producer_failed", topic=p.topic, error=str(exc))
-            self._deliver(SendResult.of(send, failed[p.topic]))
+            self._deliver(SendResult.of(send, failed[which]))
             return
         seen = self._disturbed.count
         properties = {k: v.decode(errors="replace") for k, v in send.headers()}
-        reveal_ms = reveal_at_ms(p.deliver_at_ms, p.capability)
         if reveal_ms is not None:
             properties[H_REVEAL_AT] = str(reveal_ms)
         sent_ms = sent_at_ms(gate_ms, self._clock_ms())

@@ -8,7 +8,8 @@ results, found by experiment against a real broker (pulsar-client 3.13, broker 4
   stamped with the send's own time (`adapters.pulsar.stamps`). `Ok` with ledger and entry
   -1 is how a deduplicating broker answers a record it dropped as a duplicate: an earlier
   copy may be persisted, or none (measured: a batch the client sent after a later
-  `deliver_at` record of the same producer is dropped whole) -> UNKNOWN.
+  `deliver_at` record of the same producer is dropped whole, which the destination prevents
+  by sending `deliver_at` records on a producer of their own) -> UNKNOWN.
 * Refused by the client before anything was sent, so definitely absent:
   `MessageTooBig` (the client checks the broker's maxMessageSize first) -> permanent
   `record_too_large`; `ProducerQueueIsFull`, `MemoryBufferIsFull` -> retriable.
