@@ -29,13 +29,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`), every test of the shared Pulsar broker runs on
-    one worker: some pause that broker (SIGSTOP) to make sends time out, which would fail any
-    other test using it at that moment. Kafka tests that pause or stop a broker use one of
-    their own (tests/own_broker.py)."""
+    """How pytest-xdist (`--dist loadgroup`, scripts/test) shares the tests out: a test
+    module runs whole on one worker, in its own order, so a module-scoped fixture (a served
+    directory, a built wheel, a broker of the module's own) is made once; and every test of
+    the shared Pulsar broker runs on one worker, since some pause that broker (SIGSTOP) to
+    make sends time out, which would fail any other test using it at that moment (Kafka tests
+    that pause or stop a broker use one of their own, tests/own_broker.py). Modules with slow
+    tests go first, so that the last module to start is a short one."""
     for item in items:
-        if "pulsar_url" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("shared-pulsar"))
+        shared = "pulsar_url" in getattr(item, "fixturenames", ())
+        group = "shared-pulsar" if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_modules)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
