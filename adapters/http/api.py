@@ -27,7 +27,8 @@ key with no row, a finished timer) appends nothing in the embedded service: it i
 from committed state by the kernel's own verdict (`runtime.absent`). A DELETE that appends
 takes a token of its credential's bucket (`Policy.take_delete`); without one, the backend
 still appends a pending timer's cancel, and may refuse (429 rate_limited) only one it has
-judged from committed state to cancel nothing (specs/http.md, "Rate limit"). A request's content never causes a 5xx: `internal_error` is a bug, logged.
+judged from committed state to cancel nothing (specs/http.md, "Rate limit"). A request's
+content never causes a 5xx: `internal_error` is a bug, logged.
 """
 
 from __future__ import annotations

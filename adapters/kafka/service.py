@@ -28,6 +28,7 @@ A service that owns shards owns its data directory from `start` to `close` (`sto
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -163,8 +164,9 @@ class KafkaService:
         if may_append():
             return await self.execute_async(items, timeout_s)
         cancels = [record for record, _payload in items if isinstance(record, Cancel)]
-        if len(cancels) == len(items) and reads.cancels_nothing(
-            self.ownership.snapshot(), self.shards, cancels
+        # Off the event loop: the judgement waits on the shards' locks, as reads do.
+        if len(cancels) == len(items) and await asyncio.to_thread(
+            reads.cancels_nothing, self.ownership.snapshot(), self.shards, cancels
         ):
             return None
         return await self.execute_async(items, timeout_s)
