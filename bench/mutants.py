@@ -240,7 +240,12 @@ ADMISSION_CHECKS = (
             "    if not changes_nothing(before, after, effects, len(cancels)):",
             "    if False:",
         ),
-        ("tests/test_cancel_rate.py", "tests/test_http_abuse.py", "tests/test_absent_cancel.py"),
+        (
+            "tests/test_cancel_rate.py",
+            "tests/test_http_abuse.py",
+            "tests/test_absent_cancel.py",
+            "tests/test_kafka_cancel_rate.py",
+        ),
     ),
     Mutant(
         "E1",

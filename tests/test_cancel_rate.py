@@ -5,7 +5,8 @@ and "Rate limit").
 The rules, each checked against answers written from the rule:
 * a cancel of a finished timer (CANCELED, EXPIRED, DELIVERED) or of a key with no row gets
   from the snapshot exactly the answer the log gives the same cancel appended (the result
-  and its HTTP body: status, message id, attempt id, evidence), and appends nothing;
+  and its HTTP body: status, message id, attempt id, evidence), and appends nothing; the
+  same cancel appended changes no row, counter or shard status, only the log's place;
 * a caller with no token left is never refused and never appends a cancel that changes
   nothing: a pending timer's cancel is appended and answered `canceled`; anything else is
   answered from the snapshot (hypothesis over schedules, cancels and bursts of concurrent
@@ -19,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from nereus.adapters.local.arguments import cancel_record, schedule_record
 from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.local.results import to_result
 from nereus.kernel.digest import state_digest
+from nereus.kernel.model import TABLES
 from nereus.replay.fold import replay
 from tests.runtime_harness import T0_MS
 
@@ -55,6 +59,14 @@ def _replay_matches(n: Nereus) -> bool:
     _, result = replay(n.store.iter_log(), n.store.config)
     with n.store.state_view() as state:
         return state_digest(state) == result.digest
+
+
+def _rows(n: Nereus) -> tuple[Any, ...]:
+    """Everything of the applied state but the log's place in it (position, latest
+    persistence time): every row of every table, the counters and the shard status."""
+    with n.store.state_view() as state:
+        tables = tuple((table, list(state.items(table))) for table in TABLES)
+        return tables, state.meta.counters, state.meta.shard_status
 
 
 def _body(n: Nereus, key: str, *, through_log: bool) -> dict[str, Any]:
@@ -114,8 +126,11 @@ def test_a_finished_timer_gets_the_log_answer_from_the_snapshot(tmp_path: Path) 
             for _ in range(50):
                 assert _body(n, key, through_log=False) == body
             assert n.store.log_last_position == end, f"a cancel of {key!r} was appended"
+            rows = _rows(n)
             assert _body(n, key, through_log=True) == body
             assert n.store.log_last_position == end + 1
+            # The appended cancel moved the log's place and nothing else.
+            assert _rows(n) == rows
         assert _replay_matches(n)
 
 
@@ -180,3 +195,33 @@ def test_a_caller_out_of_tokens_cancels_every_pending_timer_and_appends_nothing_
             expected = "SCHEDULED" if key in live else "CANCELED" if key in scheduled else None
             assert n.peek("q", key).status == expected
         assert _replay_matches(n)
+
+
+THREAD_ROUNDS = int(os.environ.get("NEREUS_DRAINED_THREAD_ROUNDS", "40"))
+
+
+def test_threads_out_of_tokens_cancelling_one_pending_timer_append_once(tmp_path: Path) -> None:
+    """Library callers on threads of their own, each with no token, cancel one pending timer
+    at once: the judgement and the append are one step, so one entry between them."""
+    with Nereus.open(str(tmp_path)) as n:
+        n.start()
+        appended = 0
+        for round_ in range(THREAD_ROUNDS):
+            key = f"k{round_}"
+            n.submit([schedule_record("q", key, b"x", delay_ms=600_000)]).result(WAIT_S)
+            appended += 1
+            gate = threading.Barrier(8)
+
+            def cancel(key: str = key, gate: threading.Barrier = gate) -> str:
+                gate.wait()
+                while True:
+                    future = n.submit_cancels([cancel_record("q", key)], _never)
+                    if future is not None:
+                        return str(future.result(WAIT_S)[0].code)
+                    time.sleep(0.001)
+
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                codes = sorted(pool.map(lambda _i: cancel(), range(8)))
+            assert codes == ["absent"] * 7 + ["canceled"], (key, codes)
+            appended += 1
+            assert n.store.log_last_position == appended
