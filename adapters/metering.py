@@ -12,6 +12,8 @@ Theory of operation:
   `min(n, capacity)` tokens and then takes n (the bucket may go into debt), so a batch larger
   than one second's worth is never refused forever and the long-run rate still holds. A
   refusal says when the tokens will be there (`Retry-After`, whole seconds, at least 1).
+  DELETEs that append have buckets of their own, one per credential (tenant and token
+  subject), refilled at the tenant's `max_appending_deletes_per_s` (`Policy.take_delete`).
 * **Admin block**: a flag per tenant set by `PUT /api/v1/admin/block`, held in this
   process's memory (the durable block is `blocked` in the configuration).
 * **Quota reservations**: what a producing batch may add to its tenant's usage (live
@@ -67,7 +69,7 @@ class RateLimiter:
     """Token buckets by tenant; `rate` None means unlimited."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+        self.clock = clock
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, at)
 
@@ -77,7 +79,7 @@ class RateLimiter:
         if rate is None or n <= 0:
             return None
         capacity = rate  # one second's worth
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             tokens, at = self._buckets.get(tenant, (capacity, now))
             tokens = min(capacity, tokens + (now - at) * rate)

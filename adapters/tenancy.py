@@ -50,6 +50,11 @@ _T = TypeVar("_T")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # Names that become identity parts: the kernel's rules (non-empty, no NUL, no '/').
 _MAX_NAME_BYTES = 150
+# How many DELETEs a credential may append per second (per process) when none is set: a
+# bound on what a credential without grants can add to the log, far above what a client
+# cancelling its own finished timers by mistake needs, and never applied to a pending
+# timer's cancel.
+DEFAULT_APPENDING_DELETES_PER_S = 50.0
 # A burst of connects larger than the backlog is refused or retried by the kernel for
 # seconds; a burst of a thousand must be queued.
 _MIN_BACKLOG = 1024
@@ -108,6 +113,8 @@ class TenantSection(_Strict, frozen=True):
     max_bytes: int | None = None
     max_payload_bytes: int | None = None
     max_ops_per_s: float | None = None
+    # Per credential and process: DELETEs that append (specs/http.md, "Rate limit").
+    max_appending_deletes_per_s: float = DEFAULT_APPENDING_DELETES_PER_S
     blocked: bool = False
     tokens: list[TokenSection] = []
     # Tables keyed by name are converted one by one (msgspec names a dict key only as
@@ -189,6 +196,8 @@ class TenantPolicy:
     queue_keys: dict[str, str] = field(default_factory=dict)  # queue -> encryption key id
     # Encrypted queues whose headers stay clear (`seal_headers = false`); the rest seal them.
     clear_header_queues: frozenset[str] = frozenset()
+    # Per credential (tenant and token subject) and process (specs/http.md, "Rate limit").
+    max_appending_deletes_per_s: float = DEFAULT_APPENDING_DELETES_PER_S
 
     @property
     def has_quota(self) -> bool:
@@ -441,6 +450,8 @@ def _build(cfg: ConfigFile, source: str, env: Mapping[str, str]) -> Tenancy:
                 raise fail(f"{at}.{quota}", "must be >= 0")
         if t.max_ops_per_s is not None and not 0 < t.max_ops_per_s < float("inf"):
             raise fail(f"{at}.max_ops_per_s", "must be a positive number")
+        if not 0 < t.max_appending_deletes_per_s < float("inf"):
+            raise fail(f"{at}.max_appending_deletes_per_s", "must be a positive number")
         queue_keys: dict[str, str] = {}
         clear_header_queues: set[str] = set()
         for queue, raw_queue in t.queues.items():
@@ -483,6 +494,7 @@ def _build(cfg: ConfigFile, source: str, env: Mapping[str, str]) -> Tenancy:
             max_live_timers=t.max_live_timers,
             max_bytes=t.max_bytes,
             max_ops_per_s=t.max_ops_per_s,
+            max_appending_deletes_per_s=t.max_appending_deletes_per_s,
             blocked=t.blocked,
             queue_keys=queue_keys,
             clear_header_queues=frozenset(clear_header_queues),

@@ -230,6 +230,24 @@ ADMISSION_CHECKS = (
         KERNEL_TESTS,
     ),
     Mutant(
+        "A7",
+        "a cancel whose verdict changes state is taken for one that changes nothing, so a "
+        "pending timer's cancel is answered from the snapshot without an entry (embedded) "
+        "or refused as rate limited (Kafka mode)",
+        "a pending timer's cancel always goes through and is never refused (issue 31, item 2)",
+        one(
+            "runtime/absent.py",
+            "    if not changes_nothing(before, after, effects, len(cancels)):",
+            "    if False:",
+        ),
+        (
+            "tests/test_cancel_rate.py",
+            "tests/test_http_abuse.py",
+            "tests/test_absent_cancel.py",
+            "tests/test_kafka_cancel_rate.py",
+        ),
+    ),
+    Mutant(
         "E1",
         "an expiry is accepted once the latest end reaches expireAt",
         "P2 never expired early",

@@ -1,28 +1,38 @@
-"""Cancels of timers that do not exist, answered `absent` from committed state.
+"""Cancels that would change nothing, answered from committed state without an entry.
 
-Theory of operation: a cancel of a key with no row changes nothing but the log's length,
-so appending it buys no history worth its cost, and a caller with no grants could grow the
-log at will that way. `answer_absent` answers such a unit of cancels without appending,
-when all of this holds: every item is a well-formed cancel the kernel would decide by its
-row alone (identity valid, no version precondition other than 0); the runtime runs (a
-halted or lost runtime keeps answering as before, with an error); no command for any of the
-keys, and no record that is not a client command, is in flight in the intake
-(`Intake.in_flight`, by timer key); and then, in ONE read snapshot of the store, the shard
-accepts commands (not FROZEN), every entry of the log is folded, and none of the keys has a
-row. Anything else goes through the log as before.
+Theory of operation: a cancel whose verdict changes no row (a key with no row, a finished
+timer, a precondition that fails, a frozen shard) would add nothing to the log but its
+length, and a caller with no grants could grow the log at will that way. `answer_committed`
+answers such a unit of cancels without appending. It never decides a cancel itself: it runs
+the kernel's reducer (`kernel.reducer.reduce`, the very code that folds the log) on the
+record the runtime would append, at the next position, over ONE read snapshot of the store,
+and takes the verdict only if the fold wrote nothing — no row, no counter, no shard state,
+no effect but the outcomes — so the appended entry would have moved only the log position.
+Before that: the runtime runs (not halted, not lost, it takes client commands), and no
+command for any of the keys, nor any record that is not a client command, is in flight in
+the intake (`Intake.in_flight`); in the snapshot every entry of the log is folded. Anything
+else goes through the log as before.
 
 Why the answer is one the log could have given (specs/http.md, "DELETE without an entry"):
 the snapshot is the fold of the log up to its applied position P, and a cancel appended
-right after P would have been decided on exactly that state, found no row and answered
-`absent`, changing nothing. The snapshot is taken after the request arrived and before it
-is answered, so P is a point inside the request's own interval: every command answered
-before the request arrived committed before P (a commit is visible before its future
-completes); a schedule committed after P is ordered after this cancel, as an appended
-cancel that won the race would have been. The intake check comes first and keeps the
-submission order of one caller as well: a command for the key submitted before this cancel
-is either still counted (then the cancel is appended behind it) or complete, and so inside
-the snapshot. The order of the two steps matters: read first and check second, and a
-schedule committed in between would be neither in the snapshot nor counted.
+right after P would have been decided by the same reducer on exactly that state. The
+snapshot is taken after the request arrived and before it is answered, so P is a point
+inside the request's own interval: every command answered before the request arrived
+committed at or before P (a commit is visible before its future completes); a command
+committed after P is ordered after this cancel, as it would be had the cancel been appended
+and won the race. The intake check comes first and keeps the submission order of one caller
+as well: a command for the key submitted before this cancel is either still counted (then
+the cancel is appended behind it) or complete, and so inside the snapshot. The order of the
+two steps matters: read first and check second, and a schedule committed in between would
+be neither in the snapshot nor counted.
+
+`submit_drained` is the path of a caller whose appends are rate limited and who has no
+token left (specs/http.md, "Rate limit"): a unit the snapshot answers is answered; one whose
+verdict changes state (a pending timer's cancel) is appended, never refused; one with
+something for its keys in flight is neither, and the caller waits and asks again. A lock
+makes the question and the append one step, so two such callers cancelling one pending
+timer append once between them: the second finds the first in flight, waits, and is then
+answered from the snapshot.
 
 Only the embedded runtime, whose intake sees every command of the shard, can know that
 nothing is in flight. In Kafka mode commands reach the shard through the commands topic
@@ -31,18 +41,22 @@ from any process and are folded later, so the service keeps appending every canc
 
 from __future__ import annotations
 
+import enum
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from nereus.kernel.codes import Code
-from nereus.kernel.config import KernelConfig
+import msgspec
+
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.keys import message_id
-from nereus.kernel.model import ShardMeta, Table
-from nereus.kernel.records import Cancel, record_type_of
-from nereus.kernel.validation import check_identity
+from nereus.kernel.model import ShardMeta
+from nereus.kernel.records import Cancel, LogEntry
+from nereus.kernel.reducer import reduce
+from nereus.kernel.state import State
+from nereus.runtime.batching import MAX_BATCH_ITEMS, command_record
 from nereus.runtime.guard import guarded
 from nereus.runtime.intake import CommandFuture
+from nereus.storage.base import LmdbBase
 from nereus.storage.codec import decode_struct, key_position
 from nereus.storage.errors import lmdb_refusal
 from nereus.storage.schema import SHARD_META_KEY
@@ -51,43 +65,61 @@ from nereus.storage.store import Appendable, ShardStore
 if TYPE_CHECKING:
     from nereus.runtime.shard import ShardRuntime
 
-_CANCEL_TAG = record_type_of(Cancel)
+
+class Unanswered(enum.Enum):
+    """Why a unit was not answered from the snapshot."""
+
+    NOT_CANCELS = "not_cancels"  # not a unit of plain cancels
+    UNAVAILABLE = "unavailable"  # the runtime is halted or lost, or takes no commands
+    PENDING = "pending"  # something for the keys is in flight, or the log is not all folded
+    CHANGES = "changes"  # the kernel's verdict changes state: a pending timer's cancel
 
 
-def answer_absent(runtime: ShardRuntime, items: Sequence[Appendable]) -> CommandFuture | None:
-    """A completed future answering every item `absent` without appending, or None when
-    the unit must go through the log (see the module's conditions)."""
-    cancels = _plain_cancels(items, runtime.store.config)
+def answer_committed(
+    runtime: ShardRuntime, items: Sequence[Appendable]
+) -> CommandFuture | Unanswered:
+    """A completed future with the kernel's verdict on every item, when appending the unit
+    would change nothing but the log position (see the module); else why not."""
+    cancels = _plain_cancels(items)
     if cancels is None:
-        return None
+        return Unanswered.NOT_CANCELS
     if runtime.halted is not None or runtime.lost is not None:
-        return None
+        return Unanswered.UNAVAILABLE
     if not runtime.shard_log.accepts_commands:
-        return None
+        return Unanswered.UNAVAILABLE
+    # The intake first, then the store: see the module for why this order.
     if runtime.intake.in_flight([c.timer_key for c in cancels]):
-        return None
-    position = committed_absent(
-        runtime.store, [message_id(c.tenant, c.queue, c.timer_key) for c in cancels]
-    )
-    if position is None:
-        return None
-    several = len(cancels) > 1
+        return Unanswered.PENDING
+    outcomes = committed_verdict(runtime.store, cancels)
+    if isinstance(outcomes, Unanswered):
+        return outcomes
     future = CommandFuture(len(cancels))
-    future._set(
-        [
-            EntryOutcome(
-                position, _CANCEL_TAG, False, Code.ABSENT, txn=c.txn, index=i if several else 0
-            )
-            for i, c in enumerate(cancels)
-        ]
-    )
+    future._set(outcomes)
     return future
 
 
-def _plain_cancels(items: Sequence[Appendable], config: KernelConfig) -> list[Cancel] | None:
-    """The items as cancels whose verdict on a missing row is `absent`, or None. An item
-    the log could not carry raises here as it would at submit (`runtime.guard`)."""
-    if not items or not all(
+def submit_drained(
+    runtime: ShardRuntime, items: Sequence[Appendable], lock: threading.Lock
+) -> CommandFuture | None:
+    """For a caller with no token left: the unit's future (answered from the snapshot, or
+    appended because its verdict changes state), or None while something for its keys is in
+    flight (ask again later). Nothing is refused here: a unit that cannot be judged
+    (halted, not cancels) is submitted, and `runtime.submit` raises as it would."""
+    with lock:
+        answered = answer_committed(runtime, items)
+        if isinstance(answered, CommandFuture):
+            return answered
+        if answered is Unanswered.PENDING:
+            return None
+        return runtime.submit(items)
+
+
+def _plain_cancels(items: Sequence[Appendable]) -> list[Cancel] | None:
+    """The items as cancels that travel as one record, or None. An item the log could not
+    carry raises here as it would at submit (`runtime.guard`)."""
+    if not items or len(items) > MAX_BATCH_ITEMS:
+        return None
+    if not all(
         isinstance(item, tuple) and len(item) == 2 and type(item[0]) is Cancel for item in items
     ):
         return None
@@ -95,31 +127,50 @@ def _plain_cancels(items: Sequence[Appendable], config: KernelConfig) -> list[Ca
     for record, payload in guarded(items):
         if not isinstance(record, Cancel) or payload is not None:
             return None
-        # A precondition other than "no row yet" is version_mismatch on a missing row.
-        if record.expected_version not in (None, 0):
-            return None
-        if check_identity(record.tenant, record.queue, record.timer_key, config) is not None:
-            return None
         cancels.append(record)
     return cancels
 
 
-def committed_absent(store: ShardStore, message_ids: Sequence[str]) -> int | None:
-    """The applied position of one read snapshot in which the shard accepts commands, the
-    whole log is folded and none of the messages has a row; None otherwise."""
+def committed_verdict(
+    store: ShardStore, cancels: Sequence[Cancel]
+) -> list[EntryOutcome] | Unanswered:
+    """The reducer's outcomes for `cancels` appended as one record right after the applied
+    position P of one read snapshot, each carrying P, if that fold would change nothing but
+    the log position; else why not."""
     env = store.env
     with lmdb_refusal(env.data_file), env.env.begin() as txn:
         meta = decode_struct(
             ShardMeta, txn.get(SHARD_META_KEY, db=env.meta), env.data_file, "shard meta"
         )
-        if meta.shard_status == "FROZEN":
-            return None
         with txn.cursor(db=env.log) as cursor:
             # An entry appended but not folded (an import's tail) may hold a schedule.
             if cursor.last() and key_position(cursor.key()) != meta.position:
-                return None
-        messages = env.tables[Table.MESSAGES]
-        for mid in message_ids:
-            if txn.get(mid.encode(), None, messages) is not None:
-                return None
-        return meta.position
+                return Unanswered.PENDING
+        before = State(store.config, meta, LmdbBase(txn, env.tables, env.data_file))
+        record, _payloads = command_record([(c, None) for c in cancels])
+        # The log's time never goes backwards, and a cancel's verdict does not read it.
+        entry = LogEntry(meta.position + 1, meta.last_persisted_at_ms, record)
+        after, effects = reduce(before, entry)
+    if not changes_nothing(before, after, effects, len(cancels)):
+        return Unanswered.CHANGES
+    position = meta.position
+    return [
+        msgspec.structs.replace(e, position=position)
+        for e in effects
+        if isinstance(e, EntryOutcome)
+    ]
+
+
+def changes_nothing(before: State, after: State, effects: Sequence[object], count: int) -> bool:
+    """Whether a fold from `before` to `after` moved only the log position: no row written
+    (the overlay is the very same object), the counters, shard status and persistence time
+    as they were, and no effect but one outcome per item."""
+    return (
+        after.overlay is before.overlay
+        and after.meta.position == before.meta.position + 1
+        and after.meta.counters == before.meta.counters
+        and after.meta.shard_status == before.meta.shard_status
+        and after.meta.last_persisted_at_ms == before.meta.last_persisted_at_ms
+        and len(effects) == count
+        and all(isinstance(e, EntryOutcome) for e in effects)
+    )

@@ -119,6 +119,13 @@ class Backend(EmbeddedBackend):
             raise self.fail_execute
         return await super().execute_async(items, timeout_s)
 
+    async def cancel_async(
+        self, items: Sequence[Appendable], may_append: Callable[[], bool], timeout_s: float
+    ) -> list[EntryOutcome] | None:
+        if self.fail_execute is not None:
+            raise self.fail_execute
+        return await super().cancel_async(items, may_append, timeout_s)
+
 
 @dataclass
 class Reply:

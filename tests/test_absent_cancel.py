@@ -1,9 +1,11 @@
-"""A cancel of a key that has no row, with no command for the key in flight, is answered
-`absent` from committed state without an entry (`runtime/absent.py`; specs/http.md, "DELETE
-without an entry"); everything else about cancels is decided by the log as before.
+"""A cancel whose verdict would change nothing (a key with no row, a finished timer, a
+precondition that fails, a frozen shard), with no command for the key in flight, is answered
+from committed state without an entry, by the kernel's own verdict (`runtime/absent.py`;
+specs/http.md, "DELETE without an entry"); a pending timer's cancel is decided by the log.
 
 The rules, each checked here against answers written from the rule:
-* such a cancel never appends, and answers `absent` (`ok` False, no message id);
+* such a cancel never appends, and answers `absent` (`ok` False, no message id) for a key
+  with no row or a cancelled one;
 * a cancel submitted while a command for its key is queued or being committed is appended
   behind it and decided after it; a record other than a client command in flight (a shard
   state change) sends every cancel through the log;
@@ -12,8 +14,9 @@ The rules, each checked here against answers written from the rule:
   model of the lifecycle table's rows for schedule and cancel);
 * under threads, a cancel racing a schedule of its key answers what the log order says: the
   position its answer holds at is before the schedule's exactly when it says `absent`;
-* a row that exists is decided by the log: a finished one answers `absent` with an entry,
-  a delivered one `too_late` with the attempt and its evidence.
+* a finished row answers from the snapshot as the log would: `absent` for a cancelled one,
+  `too_late` with the attempt and its evidence for a delivered one (tests/test_cancel_rate.py
+  sends the same cancels both ways and compares).
 """
 
 from __future__ import annotations
@@ -123,10 +126,11 @@ def test_a_record_that_is_not_a_command_in_flight_sends_cancels_through_the_log(
         assert not cancelled.done(), "answered past a shard state change in flight"
         _settle(n, frozen, cancelled)
         assert cancelled.result(0)[0].code == "shard_not_active"
-        # A committed FROZEN state refuses commands; the log says so, with an entry.
+        # A committed FROZEN state refuses commands; a refusal changes nothing, so the
+        # snapshot gives it without an entry.
         end = n.store.log_last_position
         assert n.cancel("q", "k").status == "shard_not_active"
-        assert n.store.log_last_position == end + 1
+        assert n.store.log_last_position == end
         thawed = n.runtime.submit([(ShardState("ACTIVE_FOR_COMMANDS", "test"), None)])
         _settle(n, thawed)
         end = n.store.log_last_position
@@ -134,17 +138,21 @@ def test_a_record_that_is_not_a_command_in_flight_sends_cancels_through_the_log(
         assert n.store.log_last_position == end
 
 
-def test_rows_that_exist_are_decided_by_the_log(tmp_path: Path) -> None:
+def test_finished_rows_answer_without_an_entry_and_pending_ones_through_the_log(
+    tmp_path: Path,
+) -> None:
     with Nereus.open(str(tmp_path), clock=SystemClock(assumed_error_ms=2)) as n:
         n.start()
         n.schedule("q", "gone", b"x", delay_ms=60_000)
-        assert n.cancel("q", "gone").status == "canceled"
         end = n.store.log_last_position
-        again = n.cancel("q", "gone")  # a CANCELED row: absent, by the log
-        assert (again.ok, again.status) == (False, "absent")
+        assert n.cancel("q", "gone").status == "canceled"  # pending: through the log
         assert n.store.log_last_position == end + 1
+        for _ in range(100):
+            again = n.cancel("q", "gone")  # a CANCELED row: absent, from the snapshot
+            assert (again.ok, again.status, again.message_id) == (False, "absent", None)
         assert n.cancel("q", "missing", expected_version=3).status == "version_mismatch"
-        assert n.store.log_last_position == end + 2
+        assert n.cancel("q", "gone", expected_version=1).status == "version_mismatch"
+        assert n.store.log_last_position == end + 1
         fired = n.schedule("q", "fired", b"x", delay_ms=0)
         dest = n.destination
         assert isinstance(dest, LocalDestination)
@@ -153,9 +161,12 @@ def test_rows_that_exist_are_decided_by_the_log(tmp_path: Path) -> None:
             assert time.monotonic() < deadline and n.runtime.halted is None
             time.sleep(0.01)
         (record,) = [r for r in dest.iter_all("q") if r.message_id == fired.message_id]
+        end = n.store.log_last_position
         late = n.cancel("q", "fired")
         assert (late.ok, late.status, late.attempt_id) == (False, "too_late", record.attempt_id)
         assert late.evidence is not None and late.evidence["offset"] == record.offset
+        assert n.store.log_last_position == end
+        assert _replay_matches(n)
 
 
 def test_a_schedule_committed_while_a_cancel_is_checked_is_seen(tmp_path: Path) -> None:
@@ -236,7 +247,8 @@ steps = st.lists(
 class _Model:
     """The committed rows of schedule/cancel on fresh txns (lifecycle table: schedule on no
     row or a CANCELED row is `scheduled`, on a SCHEDULED row a change is `rescheduled`;
-    cancel of SCHEDULED is `canceled`, of anything else `absent`), and what is queued."""
+    cancel of SCHEDULED is `canceled`, of anything else `absent`, at once and without an
+    entry when nothing for the key is queued), and what is queued."""
 
     def __init__(self) -> None:
         self.rows: dict[str, str] = {}
@@ -246,7 +258,8 @@ class _Model:
 
     def submit(self, op: str, key: str, index: int) -> bool:
         """Whether the answer is due at once, without an entry."""
-        if op == "cancel" and key not in self.rows and all(k != key for _, k, _ in self.queued):
+        idle = all(k != key for _, k, _ in self.queued)
+        if op == "cancel" and self.rows.get(key) != "SCHEDULED" and idle:
             self.answers[index] = "absent"
             return True
         self.queued.append((op, key, index))

@@ -4,6 +4,10 @@ service (issue 31, items 2 and 3):
 * grow the shard log with DELETEs of keys that have no row: a credential without grants, of
   a tenant over its quota, gets `absent` for each and the log does not move; a cancel of a
   timer that exists still goes through and is never refused;
+* grow it with DELETEs of one finished key: thousands of them leave the log where it was,
+  each answered as the log answers the same cancel (same body); with its bucket of
+  appending DELETEs spent, the credential still cancels every pending timer (`canceled`,
+  one entry each), and a burst of concurrent DELETEs of one pending timer appends once;
 * pass a quota with one batch: a batch that would take the live timers or payload bytes past
   the quota is refused whole;
 * pass a quota with concurrent batches: 16 batches at once from two tokens of one tenant
@@ -27,7 +31,11 @@ from typing import Any
 import pytest
 
 from nereus.adapters.http.contract import MAX_OPERATIONS
+from nereus.adapters.http.shapes import result_json
+from nereus.adapters.local.results import to_result
+from nereus.kernel.records import Cancel
 from tests.http_harness import (
+    QUEUE,
     Reply,
     Service,
     cancel,
@@ -38,6 +46,8 @@ from tests.http_harness import (
 )
 
 DELETES = int(os.environ.get("NEREUS_ABSENT_DELETES", "2000"))
+FINISHED_DELETES = int(os.environ.get("NEREUS_FINISHED_DELETES", "2000"))
+LIVE_DELETES = int(os.environ.get("NEREUS_LIVE_DELETES", "40"))
 BATCHES = int(os.environ.get("NEREUS_QUOTA_BATCHES", "16"))
 BATCH_OPS = int(os.environ.get("NEREUS_QUOTA_BATCH_OPS", "8"))
 QUOTA_LIVE = int(os.environ.get("NEREUS_QUOTA_LIVE", "40"))
@@ -87,6 +97,53 @@ def test_deletes_of_missing_keys_leave_the_log_where_it_was(tmp_path: Path) -> N
         # Cancels inside a POST batch take the same way.
         (r,) = svc.post(cancel("never-again"))
         assert r["status"] == "absent" and svc.log_end == end + 1
+
+
+def _log_answer(svc: Service, key: str) -> dict[str, Any]:
+    """The body the log gives a DELETE of `key` by acme: the cancel appended through the
+    runtime's own submit, which never asks the snapshot."""
+    record = Cancel("acme", QUEUE, key)
+    (outcome,) = svc.nereus.runtime.submit([(record, None)]).result(30)
+    return result_json(to_result(outcome, QUEUE, key), "cancel")
+
+
+def test_deletes_of_a_finished_key_leave_the_log_where_it_was(tmp_path: Path) -> None:
+    # One appending DELETE a second, and the harness's rate clock never moves: after the
+    # first token the bucket stays empty.
+    with start_service(tmp_path, config(acme={"max_appending_deletes_per_s": 1})) as svc:
+        svc.post(schedule("done", 60_000))
+        reply = svc.call("DELETE", timer_path("done"), token="acme-nothing")
+        assert reply.doc["status"] == "canceled"  # the token, spent on a pending timer
+        pending = [f"live-{i}" for i in range(LIVE_DELETES)]
+        svc.post(*(schedule(key, 60_000) for key in pending))
+        svc.post(schedule("burst", 60_000))
+        end = svc.log_end
+
+        def delete(key: str) -> tuple[int, Any]:
+            reply = svc.call("DELETE", timer_path(key), token="acme-nothing")
+            return reply.status, reply.doc
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            replies = list(pool.map(delete, ["done"] * FINISHED_DELETES))
+        expected = {"ok": False, "status": "absent", "queue": QUEUE, "timerKey": "done"}
+        assert replies == [(200, {**expected, "txn": None})] * FINISHED_DELETES
+        assert svc.log_end == end, "a DELETE of a finished key was appended"
+        # Every pending timer is still cancelled by the credential whose bucket is empty.
+        for key in pending:
+            status, doc = delete(key)
+            assert (status, doc["status"]) == (200, "canceled"), (key, status, doc)
+        assert svc.log_end == end + LIVE_DELETES
+        # Concurrent DELETEs of one pending timer: one cancels it, through the log; the
+        # rest wait for it and find it cancelled.
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            burst = list(pool.map(delete, ["burst"] * 32))
+        assert sorted(doc["status"] for _status, doc in burst) == ["absent"] * 31 + ["canceled"]
+        assert svc.log_end == end + LIVE_DELETES + 1
+        for key in [*pending, "burst", "done"]:
+            assert svc.call("GET", timer_path(key)).doc["status"] == "CANCELED"
+        # The snapshot's answer is the log's answer to the same cancel.
+        answered = delete("done")[1]
+        assert answered == _log_answer(svc, "done") == {**expected, "txn": None}
 
 
 def test_a_batch_that_would_pass_the_quota_is_refused_whole(tmp_path: Path) -> None:

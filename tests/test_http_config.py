@@ -70,6 +70,7 @@ def test_a_full_config_loads_into_typed_limits(tmp_path: Path) -> None:
     acme = t.tenants["acme"]
     assert acme.queue_keys == {"reminders": "k1"}
     assert (acme.max_live_timers, acme.max_bytes, acme.max_ops_per_s) == (10, 1000, 50)
+    assert acme.max_appending_deletes_per_s == 50.0  # the default: DELETEs are always bounded
     limits = t.limits("acme", KernelConfig())
     assert limits.horizon_ms == 3_600_000  # min(kernel, cell, tenant)
     assert limits.payload_ceiling == 512  # min(1 MiB, cell, plan)
@@ -123,6 +124,11 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ),
         (_with("tenants.acme.max_live_timers", -1), "tenants.acme.max_live_timers", ">= 0"),
         (_with("tenants.acme.max_ops_per_s", 0), "tenants.acme.max_ops_per_s", "positive"),
+        (
+            _with("tenants.acme.max_appending_deletes_per_s", 0),
+            "tenants.acme.max_appending_deletes_per_s",
+            "positive",
+        ),
         (_with("tenants.acme.blocked", "yes"), "tenants.acme.blocked", "expected `bool`"),
         (
             _with("tenants.acme.queues.q.encryption_key", "nope"),

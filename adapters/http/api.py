@@ -20,21 +20,25 @@ handler awaits the commit, so a request waiting for its fsync holds no thread. E
 carries the credential's tenant and subject; since message ids are derived from (tenant,
 queue, timerKey), another tenant's timer is simply absent on every route.
 
-A DELETE is never refused by a grant, block, quota or rate: only by a missing credential or a
-service that is not booted (or the physical answers every commit shares: 429 overloaded, 503
-unavailable). Nor does one of a key that has no row grow the log: the embedded backend
-answers it `absent` from committed state when nothing for the key is in flight
-(`runtime.absent`), so what a credential without grants can append is cancels of rows that
-exist. A request's content never causes a 5xx: `internal_error` is a bug, logged.
+A DELETE is never refused by a grant, block or quota, and a pending timer's never by a rate:
+only by a missing credential or a service that is not booted (or the physical answers every
+commit shares: 429 overloaded, 503 unavailable). One whose verdict would change nothing (a
+key with no row, a finished timer) appends nothing in the embedded service: it is answered
+from committed state by the kernel's own verdict (`runtime.absent`). A DELETE that appends
+takes a token of its credential's bucket (`Policy.take_delete`); without one, the backend
+still appends a pending timer's cancel, and may refuse (429 rate_limited) only one it has
+judged from committed state to cancel nothing (specs/http.md, "Rate limit"). A request's
+content never causes a 5xx: `internal_error` is a bug, logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -104,6 +108,17 @@ class Request:
         self.query = query
         self.body = body
         self.headers = headers
+
+
+@contextlib.contextmanager
+def _commit_errors() -> Iterator[None]:
+    """The physical answers every commit shares."""
+    try:
+        yield
+    except Overloaded as exc:
+        raise ApiError("overloaded", str(exc), headers=(("Retry-After", "1"),)) from exc
+    except (RuntimeHalted, TimeoutError, Unavailable) as exc:
+        raise ApiError("unavailable", str(exc)) from exc
 
 
 class TimerApi:
@@ -277,12 +292,8 @@ class TimerApi:
     # Commands -----------------------------------------------------------------------------
 
     async def _commit(self, items: list[Appendable]) -> list[EntryOutcome]:
-        try:
+        with _commit_errors():
             return await self.backend.execute_async(items, self.commit_timeout_s)
-        except Overloaded as exc:
-            raise ApiError("overloaded", str(exc), headers=(("Retry-After", "1"),)) from exc
-        except (RuntimeHalted, TimeoutError, Unavailable) as exc:
-            raise ApiError("unavailable", str(exc)) from exc
 
     async def _post(self, who: Principal | None, req: Request) -> Response:
         assert who is not None
@@ -401,8 +412,14 @@ class TimerApi:
         txn = routing.parse_query(req.query).get("txn")
         if txn is not None and check_txn(txn, self.kernel) is not None:
             raise ApiError("invalid_query", f"txn must be 1..{self.kernel.max_txn_bytes} bytes")
-        outcome = (await self._commit([(Cancel(who.tenant, queue, timer_key, txn=txn), None)]))[0]
-        return json_response(200, result_json(to_result(outcome, queue, timer_key), "cancel"))
+        items: list[Appendable] = [(Cancel(who.tenant, queue, timer_key, txn=txn), None)]
+        with _commit_errors():
+            outcomes = await self.backend.cancel_async(
+                items, lambda: self.policy.take_delete(who), self.commit_timeout_s
+            )
+        if outcomes is None:
+            raise self.policy.refuse_delete(who)
+        return json_response(200, result_json(to_result(outcomes[0], queue, timer_key), "cancel"))
 
     async def _dlq_replay(self, _who: Principal | None, _req: Request) -> Response:
         raise ApiError(

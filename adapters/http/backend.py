@@ -11,7 +11,9 @@ says they may block on a lock (`inline_reads` False, the Kafka service's shard l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from nereus.adapters.local.commands import await_command
@@ -41,6 +43,16 @@ class TimerBackend(Protocol):
         cannot."""
         ...
 
+    async def cancel_async(
+        self, items: Sequence[Appendable], may_append: Callable[[], bool], timeout_s: float
+    ) -> list[EntryOutcome] | None:
+        """A unit of cancels from a caller whose appends are limited: `may_append()` takes a
+        token and says whether one was there; it is asked only when the unit would be
+        appended. None means "refuse it, rate limited": only for a unit the service has
+        judged from committed state to cancel no pending timer. A unit that cancels a
+        pending timer is never refused (specs/http.md, "Rate limit")."""
+        ...
+
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
         """Raises ShardNotLocal when this process cannot read the timer's shard."""
         ...
@@ -64,6 +76,11 @@ class TimerBackend(Protocol):
     def health(self) -> tuple[bool, dict[str, Any]]: ...
 
 
+# How often a rate-limited cancel asks again whether its key's command is still in flight: a
+# commit takes about a millisecond to a few, so this adds at most a few to its answer.
+_IN_FLIGHT_POLL_S = 0.002
+
+
 class EmbeddedBackend:
     """The embedded `Nereus` (one shard in this process) as a TimerBackend."""
 
@@ -85,6 +102,25 @@ class EmbeddedBackend:
         self, items: Sequence[Appendable], timeout_s: float
     ) -> list[EntryOutcome]:
         return await await_command(self.nereus.submit(items), timeout_s)
+
+    async def cancel_async(
+        self, items: Sequence[Appendable], may_append: Callable[[], bool], timeout_s: float
+    ) -> list[EntryOutcome] | None:
+        """Never None here: a unit is answered from the snapshot, appended with a token, or
+        appended without one because it cancels a pending timer. While something for its
+        keys is in flight it waits (so a caller out of tokens cannot append by racing a
+        command of its key), until the commit timeout: then it is appended, as any cancel."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            future = self.nereus.submit_cancels(items, may_append)
+            if future is not None:
+                break
+            if time.monotonic() >= deadline:
+                future = self.nereus.submit(items)
+                break
+            await asyncio.sleep(_IN_FLIGHT_POLL_S)
+        # The commit gets its own timeout: a wait for the key's commands spent none of it.
+        return await await_command(future, timeout_s)
 
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
         return self.nereus.peek(queue, timer_key, tenant=tenant)

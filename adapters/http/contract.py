@@ -147,7 +147,9 @@ ERRORS: Final[dict[str, tuple[int, str]]] = {
     "headers_too_large": (431, "The headers are larger, or more, than the server accepts."),
     "rate_limited": (
         429,
-        "The tenant's rate of POST operations is spent: retry after Retry-After.",
+        "The tenant's rate of POST operations, or the credential's rate of DELETEs that "
+        "append, is spent: retry after Retry-After (a pending timer's DELETE is never "
+        "refused).",
     ),
     "overloaded": (429, "The intake queue is full: retry later."),
     "internal_error": (500, "A bug in the service (never caused by the request's content)."),
@@ -223,8 +225,9 @@ ROUTES: Final[tuple[Route, ...]] = (
         "DELETE",
         "/api/v1/timers/{queue}/{timerKey}",
         "any",
-        ("unauthorized", "not_booted", "invalid_path", "invalid_query", *_WRITE),
-        "Cancel a timer. Never refused by a grant, block, quota or rate limit.",
+        ("unauthorized", "not_booted", "invalid_path", "invalid_query", "rate_limited", *_WRITE),
+        "Cancel a timer. Never refused by a grant, block or quota; a pending timer's cancel "
+        "is never refused by the rate limit either.",
     ),
     Route(
         "GET",

@@ -61,6 +61,11 @@ def quota_need(
     return TenantUsage(live=len(sizes), bytes=sum(sizes.values()))
 
 
+def _credential(who: Principal) -> str:
+    # NUL never occurs in a tenant name, so no two (tenant, subject) pairs share a key.
+    return f"{who.tenant}\x00{who.subject or ''}"
+
+
 class Policy:
     def __init__(
         self,
@@ -71,6 +76,8 @@ class Policy:
     ) -> None:
         self.tenancy = tenancy
         self.rates = rates
+        # DELETEs that append, by credential: buckets of their own, on the same clock.
+        self.deletes = RateLimiter(rates.clock)
         self.blocks = blocks
         self.reservations = reservations or Reservations()
 
@@ -86,6 +93,22 @@ class Policy:
                 f"tenant {who.tenant!r} may send {policy.max_ops_per_s} operations per second",
                 headers=(("Retry-After", str(retry_after_s(wait))),),
             )
+
+    def take_delete(self, who: Principal) -> bool:
+        """Take a token for a DELETE that appends, if the credential has one."""
+        rate = self.tenant(who).max_appending_deletes_per_s
+        return self.deletes.take(_credential(who), rate, 1) is None
+
+    def refuse_delete(self, who: Principal) -> ApiError:
+        """The answer to a DELETE that found no token and cancels no pending timer."""
+        rate = self.tenant(who).max_appending_deletes_per_s
+        # One token comes back every 1/rate seconds: the bucket was empty a moment ago.
+        return ApiError(
+            "rate_limited",
+            f"this credential may append {rate} DELETEs per second (a pending timer's DELETE "
+            "is never refused)",
+            headers=(("Retry-After", str(retry_after_s(1.0 / rate))),),
+        )
 
     def blocked(self, tenant: str) -> bool:
         """Blocked for producing by the operator or an admin (not by quota or storage)."""

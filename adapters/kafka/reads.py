@@ -7,6 +7,14 @@ the processes of one supervisor (`adapters.kafka.siblings`), with every part her
 usage for quotas is the sum over the shards this process owns right now, so with shards
 spread over processes a quota sees part of the usage. Each shard is read under its lock, so
 a shard being closed is never read.
+
+`cancels_nothing` judges a rate-limited caller's cancels (specs/http.md, "Rate limit"): True
+only when every cancel's shard is owned here and caught up, and the kernel's own verdict on
+a snapshot of its store changes nothing (`runtime.absent.committed_verdict`): no pending
+timer is cancelled, so the edge may refuse the unit. Every command answered before the
+request arrived is in that snapshot (its owner folded it before answering, and a new owner
+catches up past its predecessor's answers before it is recovered); one not yet answered is
+concurrent with the cancel, which may be ordered before it.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from nereus.adapters.kafka.siblings import Part, merge_parts
 from nereus.adapters.kafka.wire import shard_for
 from nereus.adapters.local.embedded import Peek, peek_store
 from nereus.kernel.model import Message, TenantUsage
+from nereus.kernel.records import Cancel
+from nereus.runtime.absent import committed_verdict
 
 
 def peek(
@@ -98,3 +108,21 @@ def map_usage(owned: dict[int, OwnedShard]) -> float:
             if not shard.closed:
                 fullest = max(fullest, shard.store.map_usage())
     return fullest
+
+
+def cancels_nothing(owned: dict[int, OwnedShard], shards: int, cancels: list[Cancel]) -> bool:
+    """Whether these cancels, judged on the stores owned here, would change nothing (False
+    when any of their shards cannot be judged here)."""
+    by_shard: dict[int, list[Cancel]] = {}
+    for c in cancels:
+        by_shard.setdefault(shard_for(c.tenant, c.queue, c.timer_key, shards), []).append(c)
+    for partition, group in by_shard.items():
+        shard = owned.get(partition)
+        if shard is None:
+            return False
+        with shard.lock:
+            if shard.closed or not shard.runtime.is_recovered():
+                return False
+            if not isinstance(committed_verdict(shard.store, group), list):
+                return False
+    return True

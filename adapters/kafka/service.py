@@ -28,6 +28,7 @@ A service that owns shards owns its data directory from `start` to `close` (`sto
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.model import Message, TenantUsage
+from nereus.kernel.records import Cancel
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Destination
@@ -152,6 +154,22 @@ class KafkaService:
         self, items: Sequence[Appendable], timeout_s: float
     ) -> list[EntryOutcome]:
         return await self.rpc.execute_async(items, timeout_s)
+
+    async def cancel_async(
+        self, items: Sequence[Appendable], may_append: Callable[[], bool], timeout_s: float
+    ) -> list[EntryOutcome] | None:
+        """Every cancel is appended here, with a token; without one, None (refuse it) when
+        the stores owned here show that it cancels no pending timer (`reads.cancels_nothing`),
+        and appended all the same when they cannot show it (its shard is elsewhere)."""
+        if may_append():
+            return await self.execute_async(items, timeout_s)
+        cancels = [record for record, _payload in items if isinstance(record, Cancel)]
+        # Off the event loop: the judgement waits on the shards' locks, as reads do.
+        if len(cancels) == len(items) and await asyncio.to_thread(
+            reads.cancels_nothing, self.ownership.snapshot(), self.shards, cancels
+        ):
+            return None
+        return await self.execute_async(items, timeout_s)
 
     # Reads --------------------------------------------------------------------------------
 

@@ -16,8 +16,9 @@ Theory of operation: a thin facade over `runtime.ShardRuntime`: it opens the sha
 (`DIR/shard`) and the local destination (`DIR/destination`), builds checked records from the
 caller's arguments (`adapters.local.commands`; payload bytes are hashed there, the log holds
 only the digest), and waits for each command's durable outcome, on the caller's thread or,
-for the `_async` calls, on the event loop. A cancel of a key that has no row and no command
-in flight is answered `absent` from committed state without an entry (`runtime.absent`).
+for the `_async` calls, on the event loop. A cancel that would change nothing (a key with no
+row, a finished timer) and has no command for its key in flight is answered from committed
+state, by the kernel's own verdict, without an entry (`runtime.absent`).
 The program receives its timers through `consumer()`, a consumer group's durable position
 in the destination. `run_async()` runs the loop for asyncio users. The data directory has
 one owner: `open` locks it (`storage.lock`, `DIR/LOCK`) until `close`.
@@ -28,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -43,7 +45,7 @@ from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT, message_id
 from nereus.kernel.model import Message, Table
 from nereus.kernel.records import Schedule
-from nereus.runtime.absent import answer_absent
+from nereus.runtime.absent import answer_committed, submit_drained
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Destination, capability_for
@@ -90,6 +92,8 @@ class Nereus(TimerCommands):
         # The data directory's lock (`Nereus.open`): this object owns DIR until `close`.
         self._lock = lock
         self._consumers: builtins.list[LocalConsumer] = []
+        # Makes "judge a rate-limited caller's cancel, then append it" one step.
+        self._drained = threading.Lock()
 
     @classmethod
     def open(
@@ -227,12 +231,27 @@ class Nereus(TimerCommands):
 
     def submit(self, items: Sequence[Appendable]) -> CommandFuture:
         """Submit a unit of commands; the future completes with their outcomes once
-        durable. A unit of cancels of keys with no row and nothing in flight is answered
-        `absent` at once from committed state, without an entry (`runtime.absent`)."""
-        answered = answer_absent(self.runtime, items)
-        if answered is not None:
+        durable. A unit of cancels whose verdict would change nothing, with nothing in
+        flight for their keys, is answered at once from committed state, without an entry
+        (`runtime.absent`)."""
+        answered = answer_committed(self.runtime, items)
+        if isinstance(answered, CommandFuture):
             return answered
         return self.runtime.submit(self.pin(items))
+
+    def submit_cancels(
+        self, items: Sequence[Appendable], may_append: Callable[[], bool]
+    ) -> CommandFuture | None:
+        """`submit` for a caller whose appends are limited: `may_append()` is asked (and
+        takes a token) only when the unit must be appended. Without a token, a unit whose
+        verdict changes state (a pending timer's cancel) is appended all the same, and None
+        means something for its keys is in flight: ask again later (`runtime.absent`)."""
+        answered = answer_committed(self.runtime, items)
+        if isinstance(answered, CommandFuture):
+            return answered
+        if may_append():
+            return self.runtime.submit(self.pin(items))
+        return submit_drained(self.runtime, self.pin(items), self._drained)
 
     def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
         future = self.submit(items)
