@@ -783,6 +783,22 @@ TENANT_TOPICS = (
     ),
 )
 
+# Issue 32, item 3: every delivered record names its timer (specs/destinations.md).
+TIMER_KEYS = (
+    Mutant(
+        "W1",
+        "a dead-letter copy does not carry its timer's key (nereus-timer-key)",
+        "every record Nereus delivers, a dead-letter copy too, names its timer",
+        one(
+            "runtime/prepare.py",
+            "        (H_TIMER_KEY, encode_timer_key(message.timer_key).encode()),\n",
+            "        *([] if topic.endswith(DLQ_SUFFIX) else"
+            " [(H_TIMER_KEY, encode_timer_key(message.timer_key).encode())]),\n",
+        ),
+        ("tests/test_timer_key.py", "tests/test_dead_letters.py", "tests/test_simulator.py"),
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -797,4 +813,5 @@ CATALOGUE: tuple[Mutant, ...] = (
     *STORE_LOCK,
     *AT_REST,
     *TENANT_TOPICS,
+    *TIMER_KEYS,
 )

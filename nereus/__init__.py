@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
     from nereus.adapters.local.destination import LocalRecord
     from nereus.adapters.local.embedded import Listing, Nereus, Peek, Result
+    from nereus.runtime.timer_key_header import decode_timer_key
 
 __all__ = [
     "ConsumerBusy",
@@ -40,6 +41,7 @@ __all__ = [
     "Peek",
     "Result",
     "__version__",
+    "decode_timer_key",
 ]
 
 _LAZY = {
@@ -51,6 +53,7 @@ _LAZY = {
     "ConsumerBusy": "nereus.adapters.local.consumer",
     "LocalRecord": "nereus.adapters.local.destination",
     "KafkaNereus": "nereus.adapters.kafka.library",
+    "decode_timer_key": "nereus.runtime.timer_key_header",
 }
 
 

@@ -45,6 +45,9 @@ H_PRODUCER = "nereus-producer"
 H_PRODUCER_SUB = "nereus-producer-sub"
 # The tenant whose timer the record is: its topic is the tenant's, or one declared shared.
 H_TENANT = "nereus-tenant"
+# The timer's key, so a consumer knows which timer a record is without a table of message
+# ids; written by `runtime.timer_key_header.encode_timer_key` (printable, or marked base64).
+H_TIMER_KEY = "nereus-timer-key"
 # On records whose value is an encryption envelope (adapters/crypto.py); value: the algorithm.
 H_ENCRYPTION = "nereus-encryption"
 # On dead-letter copies: the synthetic consumer group the copy is filed under.

@@ -4,7 +4,7 @@ Theory of operation: everything that can be proven wrong before a send is checke
 permanent problem becomes a CLAIM_RESULT_V1 in the log instead of a failed attempt: payload
 bytes missing, not matching their digest or size, or a record larger than the destination
 accepts. Nereus's own headers carry the identity and evidence keys (message id, generation,
-txn, tenant, producer); the attempt id header is added at send time. The topic is the
+txn, tenant, timer key, producer); the attempt id header is added at send time. The topic is the
 destination's for the message's tenant and queue. A message scheduled with
 `encrypted` holds an envelope (adapters/crypto.py), delivered unchanged with the
 `nereus-encryption` header on it and on its dead-letter copy.
@@ -36,10 +36,12 @@ from nereus.runtime.destination import (
     H_PRODUCER,
     H_PRODUCER_SUB,
     H_TENANT,
+    H_TIMER_KEY,
     H_TXN,
     Destination,
     PreparedPublish,
 )
+from nereus.runtime.timer_key_header import encode_timer_key
 
 # The envelope format of adapters/crypto.py; named here so the runtime does not import adapters.
 ENCRYPTION_ALGORITHM = "aes-256-gcm"
@@ -165,6 +167,9 @@ def _publish(
         # On every record, the dead-letter copy too: a consumer of a topic declared shared
         # tells the tenants apart by it, and any consumer can check the record is its own.
         (H_TENANT, message.tenant.encode()),
+        # Which timer the record is, on the dead-letter copy too: a consumer acts on the key
+        # it scheduled, not on a message id it would have to map back.
+        (H_TIMER_KEY, encode_timer_key(message.timer_key).encode()),
     ]
     if message.encrypted:
         # Here, not in prepare(): the dead-letter copy carries the same envelope, and a

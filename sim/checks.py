@@ -8,7 +8,8 @@ from __future__ import annotations
 from nereus.kernel.invariants import check as invariant_violations
 from nereus.kernel.keys import dead_letter_key, str_key
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from nereus.runtime.destination import H_TENANT, Send, dead_letter_attempt_id
+from nereus.runtime.destination import H_TENANT, H_TIMER_KEY, Send, dead_letter_attempt_id
+from nereus.runtime.timer_key_header import decode_timer_key
 from nereus.storage.base import StoreView
 from nereus.storage.store import ShardStore
 
@@ -24,6 +25,9 @@ def send_problem(view: StoreView, send: Send) -> str | None:
     named = [v for k, v in p.headers if k == H_TENANT]
     if named != [message.tenant.encode()]:
         return f"the record names tenants {named}, its message is {message.tenant!r}'s"
+    keys = [decode_timer_key(v) for k, v in p.headers if k == H_TIMER_KEY]
+    if keys != [message.timer_key]:
+        return f"the record names timer keys {keys}, its message is {message.timer_key!r}"
     if p.topic.endswith(".dlq"):
         # A copy is written only while the committed state owes it: after the batch that
         # dead-lettered its generation, before DEAD_LETTER_WRITTEN_V1 recorded it.

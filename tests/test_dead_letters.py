@@ -114,6 +114,8 @@ def _assert_copy_recorded(h: Harness, key: str = "k", payload: bytes = b"p") -> 
     assert headers[H_CONSUMER_GROUP] == DLQ_CONSUMER_GROUP == "nereus.timers.dlq"
     assert headers["nereus-dlq-attempts-spent"] == str(MAX_ATTEMPTS)
     assert headers["nereus-dlq-last-error"] == "capability_mismatch"
+    # The copy names its timer, as the record it stands for would have.
+    assert copy.timer_key == key and headers["nereus-timer-key"] == key
     (written,) = _recorded(h)
     evidence = Evidence("q.dlq", 0, copy.offset, copy.delivered_at_ms)
     assert written == DeadLetterWritten(m.message_id, m.generation, evidence)
@@ -335,7 +337,8 @@ def test_a_copy_too_large_for_the_dead_letter_topic_is_written_without_its_paylo
     assert (m.status, m.last_error) == (Status.DEAD_LETTERED, "record_too_large")
     (copy,) = _copies(h)
     headers = dict(copy.headers)
-    assert copy.payload == b""
+    assert copy.payload == b"" and copy.timer_key == "big"
+    assert headers["nereus-timer-key"] == "big"
     assert headers[H_DLQ_PAYLOAD_OMITTED].startswith("record_too_large:")
     assert m.dead_letter_evidence is not None and _owed(h) == {}
     assert dead_letter_key(m.message_id, m.generation) not in _owed(h)

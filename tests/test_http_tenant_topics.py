@@ -153,6 +153,7 @@ def test_records_written_before_the_upgrade_stay_in_the_plain_topic_without_a_te
     try:
         [record] = dest.read("same")
         assert (record.tenant, record.queue, record.payload) == (None, QUEUE, b"old")
+        assert record.timer_key is None  # nor their timer's key
         # The default tenant's consumer still reads it (a single-tenant deployment's old
         # records are its own); another tenant's reads its own topic, where it is not.
         with LocalConsumer(dest, QUEUE, group="app") as mine:
@@ -164,5 +165,6 @@ def test_records_written_before_the_upgrade_stay_in_the_plain_topic_without_a_te
     assert nereus_cli(["tail", QUEUE, "--data", str(tmp_path / "data")]) == 0
     [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert line["tenant"] is None and base64.b64decode(line["payload"]) == b"old"
+    assert line["timerKey"] is None
     assert nereus_cli(["tail", QUEUE, "--data", str(tmp_path / "data"), "--tenant", "acme"]) == 0
     assert capsys.readouterr().out == ""

@@ -130,6 +130,7 @@ def test_an_owed_copy_is_retried_survives_a_takeover_and_is_recorded_in_the_kafk
     assert headers[H_CONSUMER_GROUP].decode() == DLQ_CONSUMER_GROUP
     assert headers["nereus-dlq-last-error"] == b"record_too_large"
     assert headers["nereus-dlq-attempts-spent"] == b"1"
+    assert headers["nereus-timer-key"] == b"big"  # the copy names its timer too
 
     logged = read_shard_log(kafka_bootstrap, topics.commands, 0)
     written = [x.entry.record for x in logged if isinstance(x.entry.record, DeadLetterWritten)]

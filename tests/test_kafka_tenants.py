@@ -3,8 +3,9 @@
 The rule (`specs/destinations.md`): a tenant's queue is published to its own topic (its
 `tenant/queue` mapping, the queue's bare mapping, or `<tenant>.<queue>`), every record
 carries the header `nereus-tenant`, and a topic declared shared holds several tenants'
-records, told apart by that header. Tenants acme and globex schedule to a queue named `same`
-through a shard runtime publishing to Kafka: acme's topic holds acme's records only,
+records, told apart by that header; every record carries its timer's key too
+(`nereus-timer-key`; an odd key encoded). Tenants acme and globex schedule to a queue named
+`same` through a shard runtime publishing to Kafka: acme's topic holds acme's records only,
 globex's only globex's, and the shared `audit` topic both, each record naming the tenant its
 message id belongs to. An attempt sent before topics were named by tenant (to the queue's
 plain topic) is still found by the evidence search that asks for the tenant's new topic, so
@@ -20,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+from nereus import decode_timer_key
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.destination import KafkaDestination, KafkaDestinationConfig
 from nereus.adapters.local.embedded import Nereus
@@ -41,6 +43,18 @@ kafka_bootstrap = kafka_env.kafka_bootstrap
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 TIMERS = int(os.environ.get("NEREUS_KAFKA_TENANT_TIMERS", "60"))
 TENANTS = ("acme", "globex")
+# A few keys a header cannot carry as they are (`specs/destinations.md`, the timer key), and
+# the longest one; the rest plain.
+ODD_KEYS = {1: "two\nlines", 2: "ł" * 75, 3: "b64:x"}
+HEADER_OF = {
+    "two\nlines": b"b64:dHdvCmxpbmVz",
+    "ł" * 75: ("ł" * 75).encode(),
+    "b64:x": b"b64:YjY0Ong=",
+}
+
+
+def _key(i: int) -> str:
+    return ODD_KEYS.get(i, f"k{i}")
 
 
 def test_each_tenants_records_land_in_its_own_topic_and_name_their_tenant(
@@ -59,11 +73,11 @@ def test_each_tenants_records_land_in_its_own_topic_and_name_their_tenant(
             for tenant in TENANTS:
                 for queue in ("same", "audit"):
                     body = f"{tenant}-{queue}-{i}".encode()
-                    res = nereus.schedule(queue, f"k{i}", body, delay_ms=0, tenant=tenant)
+                    res = nereus.schedule(queue, _key(i), body, delay_ms=0, tenant=tenant)
                     assert res.ok, res
         deadline = time.monotonic() + 60
         while not all(
-            nereus.peek(q, f"k{i}", tenant=t).status == "DELIVERED"
+            nereus.peek(q, _key(i), tenant=t).status == "DELIVERED"
             for t in TENANTS
             for q in ("same", "audit")
             for i in (0, TIMERS - 1)
@@ -78,10 +92,16 @@ def test_each_tenants_records_land_in_its_own_topic_and_name_their_tenant(
         records = read_destination(kafka_bootstrap, topic, 1)
         assert {r.headers["nereus-tenant"] for r in records} == {tenant.encode()}
         assert {r.message_id for r in records} == {
-            message_id(tenant, "same", f"k{i}") for i in range(TIMERS)
+            message_id(tenant, "same", _key(i)) for i in range(TIMERS)
         }
+        # Every record names its timer: the key itself, or marked base64 where it must be.
+        key_of = {message_id(tenant, "same", _key(i)): _key(i) for i in range(TIMERS)}
+        for r in records:
+            key = key_of[r.message_id]
+            assert r.headers["nereus-timer-key"] == HEADER_OF.get(key, key.encode())
+            assert decode_timer_key(r.headers["nereus-timer-key"]) == key  # as a consumer would
     shared = read_destination(kafka_bootstrap, audit, 1)
-    owner = {message_id(t, "audit", f"k{i}"): t for t in TENANTS for i in range(TIMERS)}
+    owner = {message_id(t, "audit", _key(i)): t for t in TENANTS for i in range(TIMERS)}
     assert {r.message_id for r in shared} == set(owner)
     for r in shared:
         assert r.headers["nereus-tenant"] == owner[r.message_id].encode()

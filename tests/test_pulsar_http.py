@@ -3,7 +3,7 @@ the local destination (as `nereus serve --config` builds it): each queue is deli
 its route says, and the answers that carry evidence (peek, list rows, a too_late cancel)
 show Pulsar's message id as `brokerMessageId`, valid against the served OpenAPI document,
 while a local delivery's evidence is what it always was. The Pulsar record names its tenant
-(property `nereus-tenant`)."""
+(property `nereus-tenant`) and its timer (property `nereus-timer-key`)."""
 
 from __future__ import annotations
 
@@ -124,3 +124,27 @@ def test_answers_with_evidence_carry_the_pulsar_message_id(
     _validator(svc, "Page").validate(page.doc)
     [row] = page.doc["rows"]  # a listed timer is live: no evidence yet
     assert row["timerKey"] == "later" and row["evidence"] is None
+
+
+def test_each_pulsar_message_names_its_timer_in_a_property(
+    routed: tuple[Service, str], pulsar_client: Any
+) -> None:
+    """`nereus-timer-key` is a property on Pulsar too: the key itself, or `b64:` and the
+    base64 of its UTF-8 when it is not printable text (or starts with the marker)."""
+    svc, topic = routed
+    expected = {
+        "plain": "plain",
+        "zamówienie ✓": "zamówienie ✓",
+        "two\nlines": "b64:dHdvCmxpbmVz",
+        "\x01" * 150: "b64:" + "AQEB" * 50,  # the longest key, all control characters
+    }
+    replies = svc.post(*(schedule(key, delay_ms=0, queue=TO_PULSAR) for key in expected))
+    assert all(r["ok"] for r in replies), replies
+    svc.wait_for(
+        "the deliveries",
+        lambda: all(
+            svc.nereus.peek(TO_PULSAR, key, tenant="acme").status == "DELIVERED" for key in expected
+        ),
+    )
+    records = read_all(pulsar_client, topic)
+    assert sorted(r.properties()["nereus-timer-key"] for r in records) == sorted(expected.values())

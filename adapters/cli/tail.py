@@ -4,7 +4,10 @@
     nereus tail QUEUE --data DIR [--tenant T] --group GROUP [--limit N] [--follow]
 
 It reads one tenant's queue (`--tenant`, default the default tenant): that tenant's topic of
-the local destination, which holds its records and no other tenant's.
+the local destination, which holds its records and no other tenant's. Each line names the
+record's tenant, queue and timer key (`timerKey`, the key itself however its
+`nereus-timer-key` header had to encode it; null on a record written before records carried
+it).
 
 With `--group` it reads as that consumer group (`adapters.local.consumer`): from the group's
 committed position, committing each page after it is printed, so the library's
@@ -56,6 +59,7 @@ def record_json(r: LocalRecord) -> dict[str, Any]:
     return {
         "tenant": r.tenant,
         "queue": r.queue,
+        "timerKey": r.timer_key,
         "offset": r.offset,
         "partition": r.partition,
         "messageId": r.message_id,

@@ -3,7 +3,7 @@
 Theory of operation: each tenant's queue is a topic with dense offsets from 0, named by
 `adapters.tenant_topics.local_topic`: the queue's name for the default tenant,
 `<tenant>/<queue>` for any other (no name holds '/', so two tenants never share a topic).
-Every record names its tenant and queue. A batch of sends is written in one LMDB write
+Every record names its tenant, queue and timer key. A batch of sends is written in one LMDB write
 transaction committed with sync, so after `submit` returns each record is either durably
 there with its offset or not there at all. An index from attempt id
 to (topic, offset) gives exact evidence lookup. Consumers (`adapters.local.consumer`, and
@@ -31,6 +31,7 @@ from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published
 from nereus.runtime.destination import (
     H_TENANT,
+    H_TIMER_KEY,
     FinishedSearch,
     Lookup,
     Search,
@@ -38,6 +39,7 @@ from nereus.runtime.destination import (
     Send,
     SendResult,
 )
+from nereus.runtime.timer_key_header import decode_timer_key
 from nereus.storage import files
 from nereus.storage.codec import decode_struct, encode_value
 from nereus.storage.errors import StoreError
@@ -51,8 +53,9 @@ OTHER_WRITER_POLL_S = 0.1
 
 class LocalRecord(msgspec.Struct, frozen=True):
     """One delivered record. `queue` is the queue it was scheduled to (a dead-letter copy's
-    is `<queue>.dlq`), `tenant` the tenant whose timer it is; None on a record written
-    before records carried their tenant (`specs/destinations.md`)."""
+    is `<queue>.dlq`), `tenant` the tenant whose timer it is and `timer_key` the timer's key
+    (decoded from the `nereus-timer-key` header); each None on a record written before
+    records carried it (`specs/destinations.md`)."""
 
     queue: str
     offset: int
@@ -68,6 +71,7 @@ class LocalRecord(msgspec.Struct, frozen=True):
     producer_sub: str | None
     encrypted: bool
     tenant: str | None = None
+    timer_key: str | None = None
 
 
 def _record_key(topic: str, offset: int) -> bytes:
@@ -152,7 +156,7 @@ class LocalDestination:
                     if offset is None:
                         raw = txn.get(p.topic.encode(), db=self._offsets)
                         offset = 0 if raw is None else int.from_bytes(raw, "big")
-                    tenant, queue = _tenant_queue(send)
+                    tenant, queue, timer_key = _names(send)
                     record = LocalRecord(
                         queue=queue,
                         offset=offset,
@@ -168,6 +172,7 @@ class LocalDestination:
                         producer_sub=p.producer_sub,
                         encrypted=p.encrypted,
                         tenant=tenant,
+                        timer_key=timer_key,
                     )
                     txn.put(_record_key(p.topic, offset), encode_value(record), db=self._records)
                     txn.put(
@@ -299,14 +304,18 @@ class LocalDestination:
             self._env.close()
 
 
-def _tenant_queue(send: Send) -> tuple[str, str]:
-    """The tenant and queue a send's record names: the tenant from its header (what the
-    message says), the queue from its topic."""
+def _names(send: Send) -> tuple[str, str, str | None]:
+    """The tenant, queue and timer key a send's record names: tenant and key from their
+    headers (what the message says), the queue from its topic. A send without the key header
+    (one built by hand, not by `runtime.prepare`) names no key."""
     tenant, queue = split_local_topic(send.prepared.topic)
+    timer_key = None
     for name, value in send.prepared.headers:
         if name == H_TENANT:
-            return value.decode(errors="replace"), queue
-    return tenant, queue
+            tenant = value.decode(errors="replace")
+        elif name == H_TIMER_KEY:
+            timer_key = decode_timer_key(value)
+    return tenant, queue, timer_key
 
 
 def _position_key(group: str, topic: str) -> bytes:
