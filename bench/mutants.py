@@ -765,6 +765,33 @@ TENANT_TOPICS = (
     ),
 )
 
+READINESS_TESTS = ("tests/test_readiness.py", "tests/test_serve_clock.py")
+READINESS = (
+    Mutant(
+        "W1",
+        "readiness ignores a halted shard",
+        "readiness never 200 while an owned shard is halted (specs/http.md)",
+        one(
+            "adapters/readiness.py",
+            "        return [Reason(SHARD_HALTED, f\"halted: {halted}\", shard)]",
+            "        return []",
+        ),
+        ("tests/test_readiness.py", "tests/test_kafka_readiness.py"),
+    ),
+    Mutant(
+        "W2",
+        "an unbounded clock is taken for a bounded one at start",
+        "never start silently on a clock that cannot bound true time; never ready without a "
+        "bound (specs/time.md)",
+        one(
+            "adapters/clock_bound.py",
+            "    if clock.interval().bounded:",
+            "    if clock.interval().bounded or True:",
+        ),
+        READINESS_TESTS,
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -779,4 +806,5 @@ CATALOGUE: tuple[Mutant, ...] = (
     *STORE_LOCK,
     *AT_REST,
     *TENANT_TOPICS,
+    *READINESS,
 )

@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
+    from nereus.adapters.clock_bound import ClockUnbounded
     from nereus.adapters.kafka.library import KafkaNereus
     from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
     from nereus.adapters.local.destination import LocalRecord
     from nereus.adapters.local.embedded import Listing, Nereus, Peek, Result
 
 __all__ = [
+    "ClockUnbounded",
     "ConsumerBusy",
     "KafkaNereus",
     "Listing",
@@ -43,6 +45,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "ClockUnbounded": "nereus.adapters.clock_bound",
     "Nereus": "nereus.adapters.local.embedded",
     "Peek": "nereus.adapters.local.embedded",
     "Result": "nereus.adapters.local.embedded",

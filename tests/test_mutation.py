@@ -35,6 +35,7 @@ KINDS = {
     "K": "one owner per store (issue 30, item 2)",
     "Z": "sealed at rest and private files (issue 31, item 5)",
     "N": "a tenant's deliveries are its own (issue 31, item 4)",
+    "W": "loud on an unbounded clock, and readiness (issue 32, items 1 and 2)",
 }
 
 

@@ -28,7 +28,7 @@ import pytest
 from tests.host_clock_shim import ENV
 from tests.serve_process import ROOT, free_port, serve, stop, wait_serving
 
-REFUSAL_TIMEOUT_S = 60
+REFUSAL_TIMEOUT_S = 30
 
 
 def _refused(
