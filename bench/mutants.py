@@ -773,7 +773,7 @@ READINESS = (
         "readiness never 200 while an owned shard is halted (specs/http.md)",
         one(
             "adapters/readiness.py",
-            "        return [Reason(SHARD_HALTED, f\"halted: {halted}\", shard)]",
+            '        return [Reason(SHARD_HALTED, f"halted: {halted}", shard)]',
             "        return []",
         ),
         ("tests/test_readiness.py", "tests/test_kafka_readiness.py"),

@@ -16,6 +16,11 @@ every process in the group, and timers are published to Kafka topics (`--topic
 Apache Pulsar (every queue, ordinary managed delivery, `--topic QUEUE=TOPIC` as for Kafka);
 the config's `[pulsar]` section (`adapters.pulsar.config`) instead routes chosen queues to
 named Pulsar targets, with a certified delayed handoff where a target is configured for it.
+
+In every mode a host clock that cannot bound true time is refused at start (exit 2), after
+the configuration is checked and before anything is opened or contacted, unless
+`--assume-clock-error-ms N` or `--allow-unbounded-clock` says how (`serve_clock.py`).
+`GET /readyz` says whether the process serves every shard it should (`adapters.readiness`).
 """
 
 from __future__ import annotations
@@ -376,11 +381,11 @@ def serve_kafka(
             key="kafka",
         )
         return 2
-    # The commands topic's cluster only: the service must start while a destination is
-    # down (its sends wait; recovery settles them later).
     clock = serve_clock(args, log)
     if clock is None:
         return 2
+    # The commands topic's cluster only: the service must start while a destination is
+    # down (its sends wait; recovery settles them later).
     problem = unreachable(args.kafka, tenancy.kafka_settings, CONTACT_TIMEOUT_S)
     if problem is not None:
         log.error("refused", detail=f"Kafka mode cannot reach {problem}")
