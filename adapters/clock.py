@@ -182,7 +182,9 @@ class SystemClock:
             return ClockStatus(True, report.max_error_us / 1000, False, "adjtimex")
         if self.assumed_error_ms is not None:
             return ClockStatus(False, self.assumed_error_ms, True, "operator assumption")
-        return ClockStatus(False, None, False, "adjtimex (unsynchronised)")
+        if report is None:
+            return ClockStatus(False, None, False, "adjtimex gave no reading")
+        return ClockStatus(False, None, False, "adjtimex says unsynchronised")
 
 
 class SimulatedClock:

@@ -786,7 +786,7 @@ TENANT_TOPICS = (
 # Issue 32, item 3: every delivered record names its timer (specs/destinations.md).
 TIMER_KEYS = (
     Mutant(
-        "W1",
+        "H1",
         "a dead-letter copy does not carry its timer's key (nereus-timer-key)",
         "every record Nereus delivers, a dead-letter copy too, names its timer",
         one(
@@ -796,6 +796,33 @@ TIMER_KEYS = (
             " [(H_TIMER_KEY, encode_timer_key(message.timer_key).encode())]),\n",
         ),
         ("tests/test_timer_key.py", "tests/test_dead_letters.py", "tests/test_simulator.py"),
+    ),
+)
+
+READINESS_TESTS = ("tests/test_readiness.py", "tests/test_serve_clock.py")
+READINESS = (
+    Mutant(
+        "W1",
+        "readiness ignores a halted shard",
+        "readiness never 200 while an owned shard is halted (specs/http.md)",
+        one(
+            "adapters/readiness.py",
+            '        return [Reason(SHARD_HALTED, f"halted: {halted}", shard)]',
+            "        return []",
+        ),
+        ("tests/test_readiness.py", "tests/test_kafka_readiness.py"),
+    ),
+    Mutant(
+        "W2",
+        "an unbounded clock is taken for a bounded one at start",
+        "never start silently on a clock that cannot bound true time; never ready without a "
+        "bound (specs/time.md)",
+        one(
+            "adapters/clock_bound.py",
+            "    if clock.interval().bounded:",
+            "    if clock.interval().bounded or True:",
+        ),
+        READINESS_TESTS,
     ),
 )
 
@@ -814,4 +841,5 @@ CATALOGUE: tuple[Mutant, ...] = (
     *AT_REST,
     *TENANT_TOPICS,
     *TIMER_KEYS,
+    *READINESS,
 )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
+    from nereus.adapters.clock_bound import ClockUnbounded
     from nereus.adapters.kafka.library import KafkaNereus
     from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
     from nereus.adapters.local.destination import LocalRecord
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from nereus.runtime.timer_key_header import decode_timer_key
 
 __all__ = [
+    "ClockUnbounded",
     "ConsumerBusy",
     "KafkaNereus",
     "Listing",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "ClockUnbounded": "nereus.adapters.clock_bound",
     "Nereus": "nereus.adapters.local.embedded",
     "Peek": "nereus.adapters.local.embedded",
     "Result": "nereus.adapters.local.embedded",

@@ -142,6 +142,10 @@ class ShardRuntime:
         self.gauges = Gauges(self.metrics)
         self.loop = Loop(self, clock, self.shard_log, self.pacing, self._wake)
         self._recovered = False
+        # Whether the latest reading could not bound true time, so discovery admitted and
+        # expired nothing (`Discovery.propose`): shown by peek and readiness, never used
+        # to decide anything.
+        self.waiting_for_clock = not clock.interval().bounded
         self._tick_lock = threading.Lock()
         self.halted: BaseException | None = None
         self.lost: ShardLost | None = None
@@ -230,6 +234,7 @@ class ShardRuntime:
 
     def _tick(self, tick: _Tick) -> Wake:
         log, now = self.shard_log, tick.now
+        self.waiting_for_clock = not now.interval.bounded
         self.effects.put_action_ms = None  # as written by this tick's commits
         for claim in self.claims.expire(now.now_ms):
             self.log.info("claim_deadline_passed", claim_id=claim.claim_id)

@@ -18,7 +18,8 @@ from tests.runtime_harness import T0_MS
 def still_shard(path: Path) -> Iterator[Nereus]:
     clock = SimulatedClock(T0_MS)
     clock.lose_sync()
-    with Nereus.open(str(path), clock=clock) as n:
+    # Unbounded on purpose: allowed, or start() would refuse it.
+    with Nereus.open(str(path), clock=clock, allow_unbounded_clock=True) as n:
         n.start()
         yield n
 

@@ -39,6 +39,7 @@ def child_command(mode: str, directory: Path, read_fd: int) -> list[str]:
     serve = [
         *(sys.executable, "-m", "nereus", "serve", "--data", str(directory / "data")),
         *("--http", "127.0.0.1:0", "--supervisor-fd", str(read_fd)),
+        *("--assume-clock-error-ms", "5"),
     ]
     if mode == "serve":
         return serve

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.host_clock_shim import ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVING_TIMEOUT_S = 30.0
 
@@ -29,28 +31,38 @@ def free_port() -> int:
 
 
 def serve(
-    data: Path, *args: str, port: int | None = None, clock_error_ms: int = 5
+    data: Path,
+    *args: str,
+    port: int | None = None,
+    clock_error_ms: int | None = 5,
+    host_clock: str | None = None,
 ) -> tuple[subprocess.Popen[str], int]:
-    """Start `nereus serve --data DATA` with `args`; its stderr is a pipe of JSON lines."""
+    """Start `nereus serve --data DATA` with `args`; its stderr is a pipe of JSON lines.
+    `clock_error_ms` None gives no `--assume-clock-error-ms`; `host_clock` runs it on a host
+    clock report of the test's choosing (`tests.host_clock_shim`)."""
     port = port or free_port()
+    clock = [] if clock_error_ms is None else ["--assume-clock-error-ms", str(clock_error_ms)]
+    command = ["nereus"] if host_clock is None else ["tests.host_clock_shim"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if host_clock is not None:
+        env[ENV] = host_clock
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "nereus",
+            *command,
             "serve",
             "--data",
             str(data),
             "--http",
             f"127.0.0.1:{port}",
-            "--assume-clock-error-ms",
-            str(clock_error_ms),
+            *clock,
             *args,
         ],
         cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=env,
     )
     return proc, port
 

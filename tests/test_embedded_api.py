@@ -259,7 +259,7 @@ def test_run_async_fires_under_asyncio_and_stops_when_cancelled(tmp_path: Path) 
 
 def test_an_unsynchronised_clock_fires_nothing_and_expires_nothing(tmp_path: Path) -> None:
     clock = _clock()
-    with Nereus.open(str(tmp_path), clock=clock) as n:
+    with Nereus.open(str(tmp_path), clock=clock, allow_unbounded_clock=True) as n:
         due = n.schedule("q", "due", b"due", delay_ms=0)
         short = n.schedule("q", "short", b"short", delay_ms=0, lifetime_ms=1_000)
         assert due.ok and short.ok
@@ -271,6 +271,7 @@ def test_an_unsynchronised_clock_fires_nothing_and_expires_nothing(tmp_path: Pat
         assert _records(n) == []
         assert n.peek("q", "due").status == "SCHEDULED"
         assert n.peek("q", "short").status == "SCHEDULED"
+        assert n.peek("q", "due").last_error == "clock_unbounded"  # said where one looks
         kinds = {type(e.record) for e in n.store.iter_log()}
         assert PublishAdmission not in kinds and Expire not in kinds
         assert n.runtime.metrics.value("nereus_clock_error_bound_seconds") == -1

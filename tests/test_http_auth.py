@@ -41,6 +41,7 @@ REQUESTS: dict[tuple[str, str], tuple[str, Any]] = {
     ("PUT", "/api/v1/admin/block"): ("/api/v1/admin/block", {"blocked": False}),
     ("POST", "/api/v1/dlq/{queue}/{timerKey}/replay"): (f"/api/v1/dlq/{QUEUE}/k/replay", {}),
     ("GET", "/healthz"): ("/healthz", None),
+    ("GET", "/readyz"): ("/readyz", None),
     ("GET", "/metrics"): ("/metrics", None),
     ("GET", "/openapi.json"): ("/openapi.json", None),
 }
@@ -117,6 +118,7 @@ GRANT_TABLE: dict[tuple[str, str], tuple[str, tuple[tuple[int, str | None], ...]
         "any", (DLQ_REFUSED,) * 5 + (NO_TOKEN,)
     ),
     ("GET", "/healthz"): ("public", (OK,) * 6),
+    ("GET", "/readyz"): ("public", (OK,) * 6),
     ("GET", "/metrics"): ("public", (OK,) * 6),
     ("GET", "/openapi.json"): ("public", (OK,) * 6),
 }  # fmt: skip

@@ -313,6 +313,7 @@ def test_the_service_keeps_serving_after_hostile_input(svc: Service) -> None:
     for data, _, _ in _HOSTILE.values():
         svc.raw(data)
     assert svc.call("GET", "/healthz").status == 200
+    assert svc.call("GET", "/readyz").status == 200
 
 
 # The reschedule txn rule ------------------------------------------------------------------------

@@ -144,6 +144,7 @@ def test_a_started_process_holds_the_read_end_alone(tmp_path: Path) -> None:
     sock = socket.create_server(("127.0.0.1", 0))
     sock.set_inheritable(True)
     argv = ["serve", "--data", str(tmp_path / "d"), "--http-fd", str(sock.fileno())]
+    argv += ["--assume-clock-error-ms", "5"]
     argv += ["--supervisor-fd", str(read_fd)]
     child = Child(0, argv, sock.fileno(), read_fd, dict(os.environ))
     try:

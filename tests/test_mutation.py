@@ -35,7 +35,8 @@ KINDS = {
     "K": "one owner per store (issue 30, item 2)",
     "Z": "sealed at rest and private files (issue 31, item 5)",
     "N": "a tenant's deliveries are its own (issue 31, item 4)",
-    "W": "which timer a delivery is: the key on every record (issue 32, item 3)",
+    "H": "which timer a delivery is: the key on every record (issue 32, item 3)",
+    "W": "loud on an unbounded clock, and readiness (issue 32, items 1 and 2)",
 }
 
 

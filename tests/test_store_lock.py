@@ -321,7 +321,7 @@ def test_a_supervisor_refuses_a_data_directory_someone_owns(tmp_path: Path) -> N
         # Refused before it binds, resets DATA/siblings or starts a process: no broker needed.
         done = _nereus(
             "serve", "--kafka", "127.0.0.1:1", "--processes", "2", "--data", str(data),
-            "--http", f"127.0.0.1:{free_port()}",
+            "--http", f"127.0.0.1:{free_port()}", "--assume-clock-error-ms", "5",
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
         detail = _serve_refusal(done.stderr)

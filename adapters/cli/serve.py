@@ -16,6 +16,11 @@ every process in the group, and timers are published to Kafka topics (`--topic
 Apache Pulsar (every queue, ordinary managed delivery, `--topic QUEUE=TOPIC` as for Kafka);
 the config's `[pulsar]` section (`adapters.pulsar.config`) instead routes chosen queues to
 named Pulsar targets, with a certified delayed handoff where a target is configured for it.
+
+In every mode a host clock that cannot bound true time is refused at start (exit 2), after
+the configuration is checked and before anything is opened or contacted, unless
+`--assume-clock-error-ms N` or `--allow-unbounded-clock` says how (`serve_clock.py`).
+`GET /readyz` says whether the process serves every shard it should (`adapters.readiness`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from nereus.adapters.cli.destinations import kafka_topics, pulsar_destination
 from nereus.adapters.cli.lifeline import EXIT_MARGIN_S, follow_supervisor, wait_for_stop
 from nereus.adapters.cli.modes import add_file_mode
 from nereus.adapters.cli.processes import inherited_socket, join_siblings, supervise
-from nereus.adapters.clock import SystemClock
+from nereus.adapters.cli.serve_clock import add_clock_flags, serve_clock
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.http.server import HttpServer
 from nereus.adapters.local.embedded import Nereus
@@ -66,13 +71,7 @@ def register(sub: Any) -> None:
         metavar="HOST:PORT",
         help="listen address (default: [server] host/port of the config, else 127.0.0.1:6632)",
     )
-    p.add_argument(
-        "--assume-clock-error-ms",
-        type=float,
-        default=None,
-        help="error bound to assume when the host clock reports no synchronisation "
-        "(without it, an unsynchronised host fires nothing)",
-    )
+    add_clock_flags(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_file_mode(p)
     p.add_argument(
@@ -290,6 +289,9 @@ def serve(args: argparse.Namespace) -> int:
             log.error("refused", detail=f"--processes must be at least 1, not {args.processes}")
             return 2
         if args.processes > 1:
+            # Each process checks its clock too; the supervisor refuses once, before any.
+            if serve_clock(args, log) is None:
+                return 2
             return supervise(args, args.argv, log, (host, port), tenancy.server.backlog)
         return serve_kafka(args, log, tenancy, host, port, stop=stop)
     if tenancy.kafka_settings or tenancy.kafka_destination.topics:
@@ -297,6 +299,9 @@ def serve(args: argparse.Namespace) -> int:
             "kafka_settings_unused",
             detail="[kafka] and [kafka_destination] apply to --kafka mode only",
         )
+    clock = serve_clock(args, log)
+    if clock is None:
+        return 2
     try:
         destination = pulsar_destination(args, tenancy, log)
     except (ConfigError, ValueError) as exc:
@@ -306,7 +311,9 @@ def serve(args: argparse.Namespace) -> int:
         nereus = Nereus.open(
             args.data,
             destination=destination,
-            assume_clock_error_ms=args.assume_clock_error_ms,
+            clock=clock,
+            # serve_clock decided: a clock that loses its bound later shows in /readyz.
+            allow_unbounded_clock=True,
             runtime_config=RuntimeConfig(owner=f"{socket.gethostname()}:{os.getpid()}"),
             logger=log,
         )
@@ -374,6 +381,9 @@ def serve_kafka(
             key="kafka",
         )
         return 2
+    clock = serve_clock(args, log)
+    if clock is None:
+        return 2
     # The commands topic's cluster only: the service must start while a destination is
     # down (its sends wait; recovery settles them later).
     problem = unreachable(args.kafka, tenancy.kafka_settings, CONTACT_TIMEOUT_S)
@@ -397,16 +407,6 @@ def serve_kafka(
         client_config=dict(tenancy.kafka_settings),
         process_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
     )
-    clock = SystemClock(assumed_error_ms=args.assume_clock_error_ms)
-    status = clock.describe()
-    if status.error_bound_ms is None:
-        log.warning(
-            "clock_unbounded",
-            detail="the host clock reports no synchronisation: nothing will be admitted or "
-            "expired until it does, or until --assume-clock-error-ms is given",
-        )
-    elif status.assumed:
-        log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
     service = KafkaService(config, clock=clock, logger=log)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

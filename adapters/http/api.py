@@ -7,7 +7,7 @@
     GET    /api/v1/admin/metering                      admin
     PUT    /api/v1/admin/block                         admin    {"blocked": bool}
     POST   /api/v1/dlq/{queue}/{timerKey}/replay       any      always 403 dlq_replay_refused
-    GET    /healthz, /metrics, /openapi.json           public
+    GET    /healthz, /readyz, /metrics, /openapi.json  public
 
 Theory of operation: a request is matched to a route once (`routing.match`: 404/405), then
 authenticated (the bearer token decides the tenant, 401), authorized by the route's grant
@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from nereus.adapters import crypto
+from nereus.adapters import crypto, readiness
 from nereus.adapters.errors import ShardNotLocal, Unavailable
 from nereus.adapters.http import routing
 from nereus.adapters.http.auth import Authenticator, Unauthorized
@@ -174,6 +174,7 @@ class TimerApi:
             ("PUT", "/api/v1/admin/block"): self._block,
             ("POST", "/api/v1/dlq/{queue}/{timerKey}/replay"): self._dlq_replay,
             ("GET", "/healthz"): self._health,
+            ("GET", "/readyz"): self._ready,
             ("GET", "/metrics"): self._metrics,
             ("GET", "/openapi.json"): self._openapi_doc,
         }
@@ -273,6 +274,10 @@ class TimerApi:
     async def _health(self, _who: Principal | None, _req: Request) -> Response:
         ok, doc = self.backend.health()
         return json_response(200 if ok else 503, doc)
+
+    async def _ready(self, _who: Principal | None, _req: Request) -> Response:
+        status, doc = readiness.answer(self.backend.readiness())
+        return json_response(status, doc)
 
     async def _metrics(self, _who: Principal | None, _req: Request) -> Response:
         text = self.own_metrics()

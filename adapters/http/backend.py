@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from nereus.adapters.clock_bound import clock_problem
 from nereus.adapters.local.commands import await_command
 from nereus.adapters.local.embedded import Nereus, Peek
+from nereus.adapters.readiness import Reason, clock_reason, shard_reasons
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
@@ -74,6 +76,10 @@ class TimerBackend(Protocol):
         ...
 
     def health(self) -> tuple[bool, dict[str, Any]]: ...
+
+    def readiness(self) -> list[Reason]:
+        """Why this process is not ready (`adapters.readiness`): empty when it is."""
+        ...
 
 
 # How often a rate-limited cancel asks again whether its key's command is still in flight: a
@@ -137,6 +143,12 @@ class EmbeddedBackend:
 
     def map_usage(self) -> float:
         return self.nereus.store.map_usage()
+
+    def readiness(self) -> list[Reason]:
+        runtime = self.nereus.runtime
+        halted = None if runtime.halted is None else repr(runtime.halted)
+        reasons = shard_reasons(0, halted=halted, recovered=runtime.is_recovered())
+        return reasons + clock_reason(clock_problem(runtime.clock))
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         halted = self.nereus.runtime.halted

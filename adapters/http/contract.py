@@ -265,6 +265,14 @@ ROUTES: Final[tuple[Route, ...]] = (
         "Always refused: dead letters are not replayed.",
     ),
     Route("GET", "/healthz", "public", (), "Liveness and what this process serves."),
+    Route(
+        "GET",
+        "/readyz",
+        "public",
+        (),
+        "Readiness: every shard this process should own is owned and serving, with a "
+        "bounded clock (503 with the reasons otherwise).",
+    ),
     Route("GET", "/metrics", "public", (), "Prometheus metrics."),
     Route("GET", "/openapi.json", "public", (), "This document."),
 )

@@ -25,6 +25,7 @@ from nereus.adapters.http.contract import (
     STATUSES,
     Route,
 )
+from nereus.adapters.readiness import REASON_CODES
 from nereus.adapters.tenancy import Tenancy
 from nereus.kernel.config import KernelConfig
 
@@ -253,6 +254,29 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
         "BlockRequest": _obj({"blocked": _BOOL}),
         "BlockState": _obj({"tenant": _STR, "adminBlocked": _BOOL, "blocked": _BOOL}),
         "Health": _obj({"ok": _BOOL}, closed=False),
+        "Readiness": _obj(
+            {
+                "ready": _BOOL,
+                "reasons": {
+                    "type": "array",
+                    "description": "Why not ready (absent when ready).",
+                    "items": _ref("ReadinessReason"),
+                },
+            },
+            ["ready"],
+        ),
+        "ReadinessReason": _obj(
+            {
+                "code": {
+                    "type": "string",
+                    "enum": list(REASON_CODES),
+                    "description": "; ".join(f"`{c}`: {d}" for c, d in REASON_CODES.items()),
+                },
+                "detail": _STR,
+                "shard": {"type": "integer", "minimum": 0, "description": "The shard, if one."},
+            },
+            ["code", "detail"],
+        ),
     }
 
 
@@ -264,6 +288,7 @@ _OK: dict[tuple[str, str], tuple[str, str]] = {
     ("GET", "/api/v1/admin/metering"): ("Metering", "application/json"),
     ("PUT", "/api/v1/admin/block"): ("BlockState", "application/json"),
     ("GET", "/healthz"): ("Health", "application/json"),
+    ("GET", "/readyz"): ("Readiness", "application/json"),
 }
 _BODY = {("POST", "/api/v1/timers"): "Batch", ("PUT", "/api/v1/admin/block"): "BlockRequest"}
 _HINTED = frozenset({"produce_blocked", "over_quota", "storage_full"})
@@ -331,6 +356,11 @@ def _responses(route: Route) -> dict[str, Any]:
         out["503"] = {
             "description": "Not ok (halted, or Kafka mode not started).",
             "content": {"application/json": {"schema": _ref("Health")}},
+        }
+    if route.path == "/readyz":
+        out["503"] = {
+            "description": "Not ready: `reasons` lists every reason.",
+            "content": {"application/json": {"schema": _ref("Readiness")}},
         }
     by_status: dict[int, list[str]] = {}
     for code in (*route.errors, *COMMON_ERRORS):

@@ -19,6 +19,9 @@ library call can never bypass the fencing that protects it. A call returns once 
 durably applied the command, so its `Result` is the same one the embedded facade gives.
 `peek` reads only shards this process owns (`ShardNotLocal` otherwise), `list` needs every
 shard owned here; a client-only instance reads nothing and should ask a service's HTTP API.
+A process that owns shards refuses, as `Nereus.start()` does, a clock that cannot bound true
+time (`ClockUnbounded`) unless `allow_unbounded_clock=True`; a client-only one fires nothing
+and needs no clock.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Literal, TypedDict, Unpack
 import msgspec
 
 from nereus.adapters.clock import SystemClock
+from nereus.adapters.clock_bound import clock_problem, library_refusal
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.adapters.local.commands import TimerCommands
@@ -85,6 +89,7 @@ class KafkaNereus(TimerCommands):
         data_dir: str | None = None,
         clock: ClockSource | None = None,
         assume_clock_error_ms: float | None = None,
+        allow_unbounded_clock: bool = False,
         kernel_config: KernelConfig | None = None,
         runtime_config: RuntimeConfig | None = None,
         metrics: Metrics | None = None,
@@ -96,7 +101,9 @@ class KafkaNereus(TimerCommands):
         process also owns a share of the shards (their LMDB stores live there); without it,
         it is a client only. `options` are `KafkaServiceConfig` fields (topics, group,
         librdkafka `client_config` such as SASL settings, ...), checked against their types.
-        The kernel config must equal the shard owners' (their stores refuse another)."""
+        The kernel config must equal the shard owners' (their stores refuse another).
+        An owner (`data_dir`) raises `ClockUnbounded` before joining when the clock cannot
+        bound true time, unless `assume_clock_error_ms` or `allow_unbounded_clock=True`."""
         try:
             config = msgspec.convert(
                 {
@@ -109,9 +116,13 @@ class KafkaNereus(TimerCommands):
             )
         except msgspec.ValidationError as exc:
             raise TypeError(f"KafkaNereus.connect: {exc}") from None
+        clk = clock or SystemClock(assumed_error_ms=assume_clock_error_ms)
+        measured = clock_problem(clk) if data_dir is not None else None
+        if measured is not None and not allow_unbounded_clock:
+            raise library_refusal(measured)
         service = KafkaService(
             config,
-            clock=clock or SystemClock(assumed_error_ms=assume_clock_error_ms),
+            clock=clk,
             kernel_config=kernel_config,
             runtime_config=runtime_config,
             metrics=metrics,

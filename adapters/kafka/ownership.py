@@ -82,6 +82,9 @@ class ShardOwnership:
         self._assigned: set[int] = set()
         self._reopen_at: dict[int, float] = {}
         self._halted: dict[int, str] = {}
+        # Whether the group's assignment reached this member (and was not lost since): only
+        # then is the set of shards it should own known (readiness).
+        self.joined = False
         self._member_metadata: Any = None
 
     def _kafka_destination(self, partition: int) -> Destination:
@@ -199,6 +202,8 @@ class ShardOwnership:
                 self._assigned.add(tp.partition)
                 self._halted.pop(tp.partition, None)
             self._open_shard(tp.partition)
+        # After the shards are opened: a member that owns them is not "settled" before.
+        self.joined = True
         self.log.info("shards_assigned", added=[tp.partition for tp in partitions])
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
@@ -207,6 +212,7 @@ class ShardOwnership:
         self.log.info("shards_revoked", removed=[tp.partition for tp in partitions])
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        self.joined = False  # out of the group until the next assignment
         self._let_go(partitions, "lost")
         consumer.incremental_unassign(partitions)
         self.log.warning("shards_lost", removed=[tp.partition for tp in partitions])

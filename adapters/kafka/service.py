@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nereus.adapters.clock_bound import clock_problem
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka import reads
 from nereus.adapters.kafka.config import KafkaServiceConfig
@@ -41,6 +42,13 @@ from nereus.adapters.kafka.rpc import CommandRpc
 from nereus.adapters.kafka.siblings import Part, Siblings, merge_parts
 from nereus.adapters.kafka.topics import ensure_topics
 from nereus.adapters.local.embedded import Peek
+from nereus.adapters.readiness import (
+    OWNERSHIP_UNSETTLED,
+    STOPPING,
+    Reason,
+    clock_reason,
+    shard_reasons,
+)
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
@@ -218,6 +226,24 @@ class KafkaService:
     def owned_store(self, partition: int) -> ShardStore | None:
         shard = self.ownership.snapshot().get(partition)
         return None if shard is None else shard.store
+
+    def readiness(self) -> list[Reason]:
+        """Why this process does not serve every shard it should (`adapters.readiness`)."""
+        reasons: list[Reason] = []
+        if self._stop.is_set():
+            reasons.append(Reason(STOPPING, "the service is stopping"))
+        if not self._started:
+            reasons.append(Reason(OWNERSHIP_UNSETTLED, "the service has not started"))
+        elif self.config.own_shards and not self.ownership.joined:
+            reasons.append(Reason(OWNERSHIP_UNSETTLED, "no assignment from the group yet"))
+        halted = self.ownership.halted()
+        for partition, state in self.shard_states().items():
+            reasons += shard_reasons(
+                partition, halted=halted.get(partition), recovered=state == "active"
+            )
+        if self.config.own_shards:  # a client-only process fires nothing: no clock needed
+            reasons += clock_reason(clock_problem(self.clock))
+        return reasons
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         states = self.shard_states()

@@ -21,7 +21,9 @@ row, a finished timer) and has no command for its key in flight is answered from
 state, by the kernel's own verdict, without an entry (`runtime.absent`).
 The program receives its timers through `consumer()`, a consumer group's durable position
 in the destination. `run_async()` runs the loop for asyncio users. The data directory has
-one owner: `open` locks it (`storage.lock`, `DIR/LOCK`) until `close`.
+one owner: `open` locks it (`storage.lock`, `DIR/LOCK`) until `close`. `start()` refuses a
+clock that cannot bound true time (`adapters.clock_bound`: nothing would fire) with
+`ClockUnbounded`, unless `allow_unbounded_clock=True` was given at `open`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from nereus.adapters.clock import SystemClock
+from nereus.adapters.clock_bound import (
+    CLOCK_UNBOUNDED,
+    ClockUnbounded,
+    clock_problem,
+    library_refusal,
+)
 from nereus.adapters.local.arguments import schedule_record
 from nereus.adapters.local.commands import TimerCommands, await_command
 from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH, LocalConsumer
@@ -43,7 +51,7 @@ from nereus.adapters.local.results import Listing, Peek, Result, listing_of, pee
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT, message_id
-from nereus.kernel.model import Message, Table
+from nereus.kernel.model import Message, Status, Table
 from nereus.kernel.records import Schedule
 from nereus.runtime.absent import answer_committed, submit_drained
 from nereus.runtime.clock import ClockSource
@@ -60,6 +68,7 @@ from nereus.storage.schema import StoreOptions
 from nereus.storage.store import Appendable, ShardStore
 
 __all__ = [
+    "ClockUnbounded",
     "Listing",
     "Nereus",
     "Peek",
@@ -85,8 +94,11 @@ class Nereus(TimerCommands):
         destination: Destination,
         runtime: ShardRuntime,
         lock: DirectoryLock | None = None,
+        *,
+        allow_unbounded_clock: bool = False,
     ) -> None:
         self.store = store
+        self.allow_unbounded_clock = allow_unbounded_clock
         self.destination = destination
         self.runtime = runtime
         # The data directory's lock (`Nereus.open`): this object owns DIR until `close`.
@@ -103,6 +115,7 @@ class Nereus(TimerCommands):
         destination: Destination | None = None,
         clock: ClockSource | None = None,
         assume_clock_error_ms: float | None = None,
+        allow_unbounded_clock: bool = False,
         kernel_config: KernelConfig | None = None,
         runtime_config: RuntimeConfig | None = None,
         store_options: StoreOptions | None = None,
@@ -111,7 +124,9 @@ class Nereus(TimerCommands):
     ) -> Nereus:
         """Open (or create) the shard in `data_dir`. Without an explicit clock the host
         clock is used; on a host that reports no synchronisation nothing fires unless
-        `assume_clock_error_ms` states the error bound the operator vouches for. The data
+        `assume_clock_error_ms` states the error bound the operator vouches for, and
+        `start()` raises `ClockUnbounded` unless `allow_unbounded_clock=True` (then timers
+        wait, their peek says `last_error='clock_unbounded'`, until the clock is bounded). The data
         directory is this object's until `close`: another open of it, in this process or
         another, raises `StoreLocked` naming the holder's pid."""
         log = logger or NullLogger()
@@ -128,17 +143,11 @@ class Nereus(TimerCommands):
         dest: Destination | None = destination
         try:
             dest = dest or LocalDestination(os.path.join(data_dir, "destination"))
-            clk = clock or SystemClock(assumed_error_ms=assume_clock_error_ms)
-            status = clk.describe()
-            if status.error_bound_ms is None:
-                log.warning(
-                    "clock_unbounded",
-                    detail="the host clock reports no synchronisation: nothing will be "
-                    "admitted or expired until it does, or until an assumed error bound is "
-                    "configured (--assume-clock-error-ms)",
-                )
-            elif status.assumed:
-                log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
+            if clock is None:  # a caller's own clock is the caller's to describe
+                clk: ClockSource = SystemClock(assumed_error_ms=assume_clock_error_ms)
+                _log_host_clock(log, clk)
+            else:
+                clk = clock
             registry = metrics or Metrics()
             runtime = ShardRuntime(
                 store,
@@ -155,17 +164,21 @@ class Nereus(TimerCommands):
             store.close()
             lock.release()
             raise
-        return cls(store, dest, runtime, lock)
+        return cls(store, dest, runtime, lock, allow_unbounded_clock=allow_unbounded_clock)
 
     # Lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Run the runtime in a background thread."""
+        """Run the runtime in a background thread. Raises `ClockUnbounded` when the clock
+        cannot bound true time (nothing would fire), unless the shard was opened with
+        `allow_unbounded_clock=True`."""
+        self._check_clock()
         self.runtime.start()
 
     async def run_async(self) -> None:
         """Run the runtime until cancelled, for asyncio applications. The loop itself runs in
-        a worker thread: LMDB commits block."""
+        a worker thread: LMDB commits block. Refuses an unbounded clock as `start()` does."""
+        self._check_clock()
         self.runtime.start()
         try:
             while self.runtime.halted is None:
@@ -173,6 +186,19 @@ class Nereus(TimerCommands):
             raise RuntimeError(f"runtime halted: {self.runtime.halted}")
         finally:
             await asyncio.to_thread(self.runtime.stop)
+
+    def _check_clock(self) -> None:
+        measured = clock_problem(self.runtime.clock)
+        if measured is None:
+            return
+        if not self.allow_unbounded_clock:
+            raise library_refusal(measured)
+        self.runtime.log.warning(
+            "clock_unbounded_allowed",
+            measured=measured,
+            detail="starting with allow_unbounded_clock=True: nothing fires until the clock "
+            "is bounded",
+        )
 
     def close(self) -> None:
         for consumer in self._consumers:
@@ -277,6 +303,19 @@ class Nereus(TimerCommands):
         return list_store(self.store, tenant, queue, after, limit)
 
 
+def _log_host_clock(log: Logger, clock: ClockSource) -> None:
+    status = clock.describe()
+    if status.error_bound_ms is None:
+        log.warning(
+            "clock_unbounded",
+            measured=status.source,
+            detail="the clock cannot bound true time: nothing will be admitted or expired "
+            "until it can, or until assume_clock_error_ms= states an error bound",
+        )
+    elif status.assumed:
+        log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
+
+
 def pin_capabilities(items: Sequence[Appendable], destination: Destination) -> list[Appendable]:
     """Schedules pinned to the capability `destination` offers for their queue."""
     out: list[Appendable] = []
@@ -305,7 +344,12 @@ def peek_store(
         payload = view.payload(m.payload_digest) if isinstance(m, Message) else None
     if not isinstance(m, Message):
         return Peek(found=False, queue=queue, timer_key=timer_key)
-    return peek_of(m, payload, runtime.is_claimed(m))
+    peek = peek_of(m, payload, runtime.is_claimed(m))
+    if m.status is Status.SCHEDULED and runtime.waiting_for_clock:
+        # Nothing admits or expires it until the clock is bounded: say so where a user
+        # looks, not only in a metric (the row's own last_error stays in the log).
+        return msgspec.structs.replace(peek, last_error=CLOCK_UNBOUNDED)
+    return peek
 
 
 def list_store(
