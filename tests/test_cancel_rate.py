@@ -80,7 +80,7 @@ def _body(n: Nereus, key: str, *, through_log: bool) -> dict[str, Any]:
 
 def test_a_finished_timer_gets_the_log_answer_from_the_snapshot(tmp_path: Path) -> None:
     clock = SimulatedClock(T0_MS, error_ms=5)
-    with Nereus.open(str(tmp_path), clock=clock) as n:
+    with Nereus.open(str(tmp_path), clock=clock, allow_unbounded_clock=True) as n:
         # Both due while the clock is untrusted: "short" is past its expireAt before any
         # Admission can be made, so it expires; "fired" is delivered.
         clock.lose_sync()
@@ -168,7 +168,7 @@ async def _drained(backend: EmbeddedBackend, key: str, count: int) -> list[str |
 def test_a_caller_out_of_tokens_cancels_every_pending_timer_and_appends_nothing_else(
     plan: list[tuple[str, str, int]],
 ) -> None:
-    with tempfile.TemporaryDirectory() as data, Nereus.open(data) as n:
+    with tempfile.TemporaryDirectory() as data, Nereus.open(data, assume_clock_error_ms=5) as n:
         n.start()
         backend = EmbeddedBackend(n)
         live: set[str] = set()
@@ -203,7 +203,7 @@ THREAD_ROUNDS = int(os.environ.get("NEREUS_DRAINED_THREAD_ROUNDS", "40"))
 def test_threads_out_of_tokens_cancelling_one_pending_timer_append_once(tmp_path: Path) -> None:
     """Library callers on threads of their own, each with no token, cancel one pending timer
     at once: the judgement and the append are one step, so one entry between them."""
-    with Nereus.open(str(tmp_path)) as n:
+    with Nereus.open(str(tmp_path), assume_clock_error_ms=5) as n:
         n.start()
         appended = 0
         for round_ in range(THREAD_ROUNDS):
