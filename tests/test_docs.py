@@ -204,6 +204,8 @@ def test_the_demo_installs_the_embedded_default_only() -> None:
         check=True,
         timeout=60,
     ).stdout
+    (tools,) = (line for line in plan.splitlines() if line.startswith("build tools:"))
+    assert tools.split()[-2:] == ["setuptools>=77", "wheel"], tools
     (install,) = (line for line in plan.splitlines() if line.startswith("install:"))
     words = install.split()
     assert words[-2:] == ["-e", "."], install  # the checkout, with no extra
