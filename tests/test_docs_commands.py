@@ -204,3 +204,19 @@ def test_the_tutorial_service_commands_work_as_shown(tmp_path: Path) -> None:
     replay = session._nereus(replay_words)
     assert replay.returncode == 0, replay.stderr
     assert "verify       ok" in replay.stdout and "0 open" in replay.stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_serve_guide_commands_work_as_shown(tmp_path: Path) -> None:
+    (serve, *_) = _sh_blocks(ROOT / "README.md", "## The service")
+    http, cli = _sh_blocks(ROOT / "docs" / "how-to" / "serve.md", "## Use it")
+    session = _run_documented(tmp_path / "data", "DIR", serve, http + cli)
+    posted, peeked, listed, deleted, scheduled, peek, listing, cancel, tail = session.answers
+    statuses = [r["status"] for r in _ok(posted)["results"]]
+    assert statuses == ["scheduled", "absent"]  # a cancel of a key never scheduled
+    assert _ok(peeked)["status"] == "SCHEDULED"
+    assert [row["timerKey"] for row in _ok(listed)["rows"]] == ["invoice:42"]
+    assert _ok(deleted)["status"] == "canceled"
+    for command in (scheduled, peek, listing, cancel, tail):
+        assert command.returncode == 0, (command.args, command.stdout, command.stderr)
+    assert '"scheduled"' in scheduled.stdout and '"canceled"' in cancel.stdout
