@@ -30,7 +30,8 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and option of `nereus`; the docs' CLI reference is rendered from it."""
     parser = argparse.ArgumentParser(prog="nereus", description=__doc__)
     parser.add_argument("--version", action=_Version, help="print the version and the build")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -40,7 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     servecmd.register(sub)
     tailcmd.register(sub)
     clientcmd.register(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     # The command line as given, for a command that starts copies of itself (serve
     # --processes).
     args.argv = list(sys.argv[1:] if argv is None else argv)
