@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
     from nereus.adapters.local.destination import LocalRecord
     from nereus.adapters.local.embedded import Listing, Nereus, Peek, Result
+    from nereus.adapters.local.results import NereusRefused
 
 __all__ = [
     "ConsumerBusy",
@@ -37,6 +38,7 @@ __all__ = [
     "LocalConsumer",
     "LocalRecord",
     "Nereus",
+    "NereusRefused",
     "Peek",
     "Result",
     "__version__",
@@ -47,6 +49,7 @@ _LAZY = {
     "Peek": "nereus.adapters.local.embedded",
     "Result": "nereus.adapters.local.embedded",
     "Listing": "nereus.adapters.local.embedded",
+    "NereusRefused": "nereus.adapters.local.results",
     "LocalConsumer": "nereus.adapters.local.consumer",
     "ConsumerBusy": "nereus.adapters.local.consumer",
     "LocalRecord": "nereus.adapters.local.destination",

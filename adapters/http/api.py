@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from nereus.adapters import crypto
+from nereus.adapters.codes import NAMES_JSON
 from nereus.adapters.errors import ShardNotLocal, Unavailable
 from nereus.adapters.http import routing
 from nereus.adapters.http.auth import Authenticator, Unauthorized
@@ -297,15 +298,16 @@ class TimerApi:
         )
         self.policy.take_rate(who, len(checked))
         reservation = await self._admit(who, checked) if any(c.produces for c in checked) else None
+        items = [self._item(who, c) for c in checked]
         try:
-            outcomes = await self._commit([self._item(who, c) for c in checked])
+            outcomes = await self._commit(items)
         finally:
             if reservation is not None:
                 # Answered or failed: what it committed is in the usage later checks read.
                 reservation.release()
         results = [
-            result_json(to_result(outcome, c.op.queue, c.op.timer_key), c.kind)
-            for c, outcome in zip(checked, outcomes, strict=True)
+            result_json(to_result(outcome, item[0], self.kernel, NAMES_JSON), c.kind)
+            for c, item, outcome in zip(checked, items, outcomes, strict=True)
         ]
         metered = sum(
             1
@@ -401,8 +403,10 @@ class TimerApi:
         txn = routing.parse_query(req.query).get("txn")
         if txn is not None and check_txn(txn, self.kernel) is not None:
             raise ApiError("invalid_query", f"txn must be 1..{self.kernel.max_txn_bytes} bytes")
-        outcome = (await self._commit([(Cancel(who.tenant, queue, timer_key, txn=txn), None)]))[0]
-        return json_response(200, result_json(to_result(outcome, queue, timer_key), "cancel"))
+        cancel = Cancel(who.tenant, queue, timer_key, txn=txn)
+        outcome = (await self._commit([(cancel, None)]))[0]
+        result = to_result(outcome, cancel, self.kernel, NAMES_JSON)
+        return json_response(200, result_json(result, "cancel"))
 
     async def _dlq_replay(self, _who: Principal | None, _req: Request) -> Response:
         raise ApiError(

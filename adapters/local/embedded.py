@@ -153,6 +153,10 @@ class Nereus(TimerCommands):
             raise
         return cls(store, dest, runtime, lock)
 
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return self.store.config
+
     # Lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
