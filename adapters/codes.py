@@ -35,9 +35,12 @@ from nereus.kernel.validation import check_identity
 __all__ = [
     "CODES",
     "COMMAND_CODES",
+    "HTTP_ANSWERS",
     "NAMES_JSON",
     "NAMES_PYTHON",
     "OK_CODES",
+    "REFUSAL_ANSWERS",
+    "RESULT_ANSWERS",
     "STATUSES",
     "Answer",
     "explain",
@@ -60,7 +63,7 @@ class Answer(NamedTuple):
     meaning: str
 
 
-_RESULTS: Final[dict[Code, Answer]] = {
+RESULT_ANSWERS: Final[dict[Code, Answer]] = {
     Code.SCHEDULED: Answer(200, False, "A new timer (or a new one under a finished key)."),
     Code.RESCHEDULED: Answer(200, False, "The pending timer was replaced: a new generation."),
     Code.UNCHANGED: Answer(
@@ -82,7 +85,7 @@ _RESULTS: Final[dict[Code, Answer]] = {
 }
 
 # Refusals by the kernel's rules (the HTTP edge checks some first: those have its status).
-_REFUSALS: Final[dict[Code, Answer]] = {
+REFUSAL_ANSWERS: Final[dict[Code, Answer]] = {
     Code.TXN_REUSED: Answer(
         200, False, "A change to the timer repeats its current generation's txn: use a new txn."
     ),
@@ -129,7 +132,7 @@ _REFUSALS: Final[dict[Code, Answer]] = {
 }
 
 # Refusals of the HTTP edge: the request is refused whole and nothing of it is appended.
-_HTTP: Final[dict[str, Answer]] = {
+HTTP_ANSWERS: Final[dict[str, Answer]] = {
     "malformed_request": Answer(
         400,
         False,
@@ -220,18 +223,18 @@ _HTTP: Final[dict[str, Answer]] = {
 }
 
 CODES: Final[dict[str, Answer]] = {
-    **{str(code): answer for code, answer in _RESULTS.items()},
-    **{str(code): answer for code, answer in _REFUSALS.items()},
-    **_HTTP,
+    **{str(code): answer for code, answer in RESULT_ANSWERS.items()},
+    **{str(code): answer for code, answer in REFUSAL_ANSWERS.items()},
+    **HTTP_ANSWERS,
 }
 
 # The closed list of a result's `status` (the seed's taxonomy: a client writes a switch on
 # it): the six verdicts, and `rejected` for every refusal by a kernel rule, whose code is in
 # the result's `code`.
-STATUSES: Final = (*(str(c) for c in _RESULTS), "rejected")
+STATUSES: Final = (*(str(c) for c in RESULT_ANSWERS), "rejected")
 
 # The codes a command's result can carry on every surface (the kernel's verdicts).
-COMMAND_CODES: Final = frozenset(str(c) for c in (*_RESULTS, *_REFUSALS))
+COMMAND_CODES: Final = frozenset(str(c) for c in (*RESULT_ANSWERS, *REFUSAL_ANSWERS))
 # Results that are `ok`.
 OK_CODES: Final = frozenset({Code.SCHEDULED, Code.RESCHEDULED, Code.UNCHANGED, Code.CANCELED})
 
@@ -242,7 +245,7 @@ def status_of(code: str) -> str:
     return code if code in _VERDICTS else "rejected"
 
 
-_VERDICTS: Final = frozenset(str(c) for c in _RESULTS)
+_VERDICTS: Final = frozenset(str(c) for c in RESULT_ANSWERS)
 
 
 # Human texts ----------------------------------------------------------------------------

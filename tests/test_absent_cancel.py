@@ -125,7 +125,7 @@ def test_a_record_that_is_not_a_command_in_flight_sends_cancels_through_the_log(
         assert cancelled.result(0)[0].code == "shard_not_active"
         # A committed FROZEN state refuses commands; the log says so, with an entry.
         end = n.store.log_last_position
-        assert n.cancel("q", "k").status == "shard_not_active"
+        assert n.cancel("q", "k").code == "shard_not_active"
         assert n.store.log_last_position == end + 1
         thawed = n.runtime.submit([(ShardState("ACTIVE_FOR_COMMANDS", "test"), None)])
         _settle(n, thawed)
@@ -143,7 +143,7 @@ def test_rows_that_exist_are_decided_by_the_log(tmp_path: Path) -> None:
         again = n.cancel("q", "gone")  # a CANCELED row: absent, by the log
         assert (again.ok, again.status) == (False, "absent")
         assert n.store.log_last_position == end + 1
-        assert n.cancel("q", "missing", expected_version=3).status == "version_mismatch"
+        assert n.cancel("q", "missing", expected_version=3).code == "version_mismatch"
         assert n.store.log_last_position == end + 2
         fired = n.schedule("q", "fired", b"x", delay_ms=0)
         dest = n.destination
