@@ -24,7 +24,11 @@ or once an operator, the tenant's own timers or the shard ownership change the s
 that is not needs a different request. Where the HTTP edge checks a rule itself, it refuses
 the whole batch with that rule's code before anything is appended (its status below), in the
 kernel's order: identity, txn, payload, headers, timing, horizon; a rule only the kernel
-checks comes back as a `rejected` element.
+checks comes back as a `rejected` element. One command is answered differently, on purpose:
+a `nereus-*` header is `server_owned_field` over HTTP, where it is one of the fields the
+server sets (with `producerSub`, `messageId`, `tenant`), and `invalid_headers` in the
+library, whose caller is the server side (it may set `producer_sub`) and meets the kernel's
+rule itself.
 
 The shape is one: `{ok, status, code, queue, timerKey, txn, messageId, deliverAt, attemptId,
 evidence, message}` over HTTP and the same fields in the library's `Result` (snake_case).

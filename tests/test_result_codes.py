@@ -205,6 +205,19 @@ def test_verdicts_have_one_shape_on_both_surfaces(svc: Service) -> None:
     assert "message" not in ok_element
 
 
+def test_a_reserved_header_is_the_one_documented_difference(svc: Service) -> None:
+    # Over HTTP a nereus-* header is a server-owned field; the library is the server side
+    # and meets the kernel's header rule (specs/codes.md says so).
+    lib = svc.nereus.schedule("q", "hdr", b"x", delay_ms=60_000, headers={"nereus-txn": "x"})
+    assert (lib.code, lib.message) == (
+        "invalid_headers",
+        "headers: at most 32, names non-empty and not nereus-*, 16384 bytes in all",
+    )
+    ops = {"operations": [_op("hdr", headers={"nereus-txn": "x"})]}
+    reply = svc.call("POST", POST, ops, token=None)
+    assert (reply.status, reply.code) == (400, "server_owned_field")
+
+
 def test_raise_for_status_returns_an_ok_result_and_raises_a_refusal(svc: Service) -> None:
     lib = svc.nereus
     assert nereus.NereusRefused is NereusRefused  # exported from the package
