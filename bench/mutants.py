@@ -826,6 +826,33 @@ READINESS = (
     ),
 )
 
+# Issue 32, item 4: one code list and one result shape for the library, HTTP and Kafka RPC.
+ONE_CODE_LIST = (
+    Mutant(
+        "C1",
+        "a refusal in the library comes back without its words",
+        "every refusal says why, in the same words on every surface",
+        one(
+            "adapters/local/results.py",
+            "        message=explain(outcome, record, config, names),\n",
+            "        message=None,\n",
+        ),
+        ("tests/test_result_codes.py", "tests/test_library_fuzz.py"),
+        quick_tests=("tests/test_result_codes.py",),
+    ),
+    Mutant(
+        "C2",
+        "the HTTP edge answers a bad key with a code the library does not give",
+        "the same bad command gets the same code from the library, HTTP and the Kafka RPC",
+        one(
+            "adapters/http/batch.py",
+            'raise ApiError("invalid_identity", f"{where}: {problem}")',
+            'raise ApiError("invalid_operation", f"{where}: {problem}")',
+        ),
+        ("tests/test_result_codes.py", "tests/test_http_e2e.py"),
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -842,4 +869,5 @@ CATALOGUE: tuple[Mutant, ...] = (
     *TENANT_TOPICS,
     *TIMER_KEYS,
     *READINESS,
+    *ONE_CODE_LIST,
 )

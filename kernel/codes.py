@@ -51,7 +51,7 @@ class Code(StrEnum):
     INVALID_HEADERS = "invalid_headers"
     INVALID_CAPABILITY = "invalid_capability"
     INVALID_TIMING = "invalid_timing"
-    DELIVER_BEYOND_HORIZON = "deliver_beyond_horizon"
+    HORIZON_EXCEEDED = "horizon_exceeded"
     LIFETIME_EXCEEDED = "lifetime_exceeded"
     EXPIRE_BEFORE_WINDOW = "expire_before_window"
     VERSION_MISMATCH = "version_mismatch"
@@ -82,6 +82,16 @@ class Code(StrEnum):
 
     # Rejected: dead-letter copies.
     DEAD_LETTER_NOT_PENDING = "dead_letter_not_pending"
+
+    # Deprecated alias (same member): the horizon code's name before the library, HTTP and
+    # Kafka answers shared one list, which took the HTTP API's name.
+    DELIVER_BEYOND_HORIZON = "horizon_exceeded"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Code | None:
+        # An outcome encoded by a process of an earlier build (a Kafka reply during a
+        # rolling upgrade) still decodes, to the code it meant.
+        return cls.HORIZON_EXCEEDED if value == "deliver_beyond_horizon" else None
 
 
 APPLIED_CODES: frozenset[Code] = frozenset(
@@ -134,7 +144,8 @@ CODE_DOCS: dict[Code, str] = {
     Code.INVALID_HEADERS: "Too many headers, too large, or a name that is empty or reserved.",
     Code.INVALID_CAPABILITY: "The destination capability is malformed or its lead is too large.",
     Code.INVALID_TIMING: "Both or neither of absolute and relative time; negative; beyond 2^53 ms.",
-    Code.DELIVER_BEYOND_HORIZON: "deliverAt is later than persistence time plus the horizon.",
+    Code.HORIZON_EXCEEDED: "deliverAt is later than persistence time plus the horizon "
+    "(named `deliver_beyond_horizon` by earlier builds).",
     Code.LIFETIME_EXCEEDED: "expireAt is later than persistence time plus the maximum lifetime.",
     Code.EXPIRE_BEFORE_WINDOW: "expireAt leaves less than the minimum delivery window.",
     Code.VERSION_MISMATCH: "The command's expected version does not match the current version.",

@@ -100,7 +100,7 @@ def validate_timing(
     """V1 timing rules, evaluated against the command's own persistence time, never a
     later reading of any clock. Returns the first violated rule, or None."""
     if deliver_at_ms > bp_ms + limits.max_delay_horizon_ms:
-        return Code.DELIVER_BEYOND_HORIZON
+        return Code.HORIZON_EXCEEDED
     if expire_at_ms > bp_ms + limits.max_message_lifetime_ms:
         return Code.LIFETIME_EXCEEDED
     if expire_at_ms < max(deliver_at_ms, bp_ms) + limits.min_delivery_window_ms:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
     from nereus.adapters.local.destination import LocalRecord
     from nereus.adapters.local.embedded import Listing, Nereus, Peek, Result
+    from nereus.adapters.local.results import NereusRefused
     from nereus.runtime.timer_key_header import decode_timer_key
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "LocalConsumer",
     "LocalRecord",
     "Nereus",
+    "NereusRefused",
     "Peek",
     "Result",
     "__version__",
@@ -52,6 +54,7 @@ _LAZY = {
     "Peek": "nereus.adapters.local.embedded",
     "Result": "nereus.adapters.local.embedded",
     "Listing": "nereus.adapters.local.embedded",
+    "NereusRefused": "nereus.adapters.local.results",
     "LocalConsumer": "nereus.adapters.local.consumer",
     "ConsumerBusy": "nereus.adapters.local.consumer",
     "LocalRecord": "nereus.adapters.local.destination",

@@ -129,7 +129,7 @@ def test_a_record_that_is_not_a_command_in_flight_sends_cancels_through_the_log(
         # A committed FROZEN state refuses commands; a refusal changes nothing, so the
         # snapshot gives it without an entry.
         end = n.store.log_last_position
-        assert n.cancel("q", "k").status == "shard_not_active"
+        assert n.cancel("q", "k").code == "shard_not_active"
         assert n.store.log_last_position == end
         thawed = n.runtime.submit([(ShardState("ACTIVE_FOR_COMMANDS", "test"), None)])
         _settle(n, thawed)
@@ -150,8 +150,8 @@ def test_finished_rows_answer_without_an_entry_and_pending_ones_through_the_log(
         for _ in range(100):
             again = n.cancel("q", "gone")  # a CANCELED row: absent, from the snapshot
             assert (again.ok, again.status, again.message_id) == (False, "absent", None)
-        assert n.cancel("q", "missing", expected_version=3).status == "version_mismatch"
-        assert n.cancel("q", "gone", expected_version=1).status == "version_mismatch"
+        assert n.cancel("q", "missing", expected_version=3).code == "version_mismatch"
+        assert n.cancel("q", "gone", expected_version=1).code == "version_mismatch"
         assert n.store.log_last_position == end + 1
         fired = n.schedule("q", "fired", b"x", delay_ms=0)
         dest = n.destination

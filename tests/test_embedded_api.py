@@ -10,7 +10,6 @@ destination. Waits are generous; only "never early" is a timing assertion.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import re
 import threading
@@ -83,7 +82,7 @@ def test_commands_commit_on_the_callers_thread_without_a_loop(tmp_path: Path) ->
         assert isinstance(p, Peek)
         assert p.found and p.status == "SCHEDULED" and p.generation == 1
         assert p.deliver_at_ms == T0_MS + 1_000 and p.txn == "t-1"
-        assert p.payload is not None and base64.b64decode(p.payload) == b'{"day":7}'
+        assert p.payload == b'{"day":7}'  # bytes in the library, base64 only over HTTP
         assert p.claimed is False and p.attempts == 0
 
         same = n.schedule("q", "trial:acme/day7", b'{"day":7}', delay_ms=1_000, txn="t-1")
@@ -94,7 +93,7 @@ def test_commands_commit_on_the_callers_thread_without_a_loop(tmp_path: Path) ->
         assert moved.deliver_at_ms == T0_MS + 5_000
         p = n.peek("q", "trial:acme/day7")
         assert p.generation == 2 and p.deliver_at_ms == T0_MS + 5_000
-        assert p.payload is not None and base64.b64decode(p.payload) == b'{"day":7}'
+        assert p.payload == b'{"day":7}'  # bytes in the library, base64 only over HTTP
 
         absolute = n.schedule(
             "q", "abs", b"a", deliver_at_ms=T0_MS + 2_000, expire_at_ms=T0_MS + 10_000
@@ -134,11 +133,21 @@ def test_tenants_are_separate_identities(tmp_path: Path) -> None:
 def test_refused_commands_answer_with_a_code_not_an_exception(tmp_path: Path) -> None:
     with Nereus.open(str(tmp_path), clock=_clock()) as n:
         bad_queue = n.schedule("a/b", "k", b"x")
-        assert (bad_queue.ok, bad_queue.status) == (False, "invalid_identity")
+        assert (bad_queue.ok, bad_queue.status, bad_queue.code) == (
+            False,
+            "rejected",
+            "invalid_identity",
+        )
+        assert bad_queue.message == "queue must be one path segment of 1..150 bytes without NUL"
         too_big = n.schedule("q", "k", b"x" * (n.store.config.max_payload_bytes + 1))
-        assert (too_big.ok, too_big.status) == (False, "payload_too_large")
+        assert (too_big.ok, too_big.status, too_big.code) == (
+            False,
+            "rejected",
+            "payload_too_large",
+        )
+        assert too_big.message == "1048577 bytes > ceiling 1048576"
         early_expiry = n.schedule("q", "k", b"x", delay_ms=0, lifetime_ms=10)
-        assert (early_expiry.ok, early_expiry.status) == (False, "expire_before_window")
+        assert (early_expiry.ok, early_expiry.code) == (False, "expire_before_window")
         assert n.peek("q", "k").found is False
 
 

@@ -108,6 +108,10 @@ CASES: dict[str, Case] = {
     "invalid_query": lambda s: s.call("GET", f"/api/v1/timers/{QUEUE}?limit=many"),
     "invalid_body": lambda s: s.call("PUT", "/api/v1/admin/block", {"blocked": "yes"}),
     "server_owned_field": lambda s: s.call("POST", POST, _batch(schedule("k", tenant="x"))),
+    "invalid_identity": lambda s: s.call("POST", POST, _batch(schedule("x" * 151))),
+    "invalid_txn": lambda s: s.call("POST", POST, _batch(schedule("k", txn=""))),
+    "invalid_headers": lambda s: s.call("POST", POST, _batch(schedule("k", headers={"": "v"}))),
+    "invalid_timing": lambda s: s.call("POST", POST, _batch(schedule("k", -1))),
     "unauthorized": lambda s: s.call("GET", timer_path("k"), token="bogus"),
     "missing_grant": lambda s: s.call("GET", timer_path("k"), token="acme-producer"),
     "horizon_exceeded": lambda s: s.call("POST", POST, _batch(schedule("k", 100_001))),
@@ -163,6 +167,8 @@ def test_statuses_of_the_contract() -> None:
     assert ERROR_STATUS["rate_limited"] == 429 and ERROR_STATUS["overloaded"] == 429
     assert ERROR_STATUS["body_too_large"] == 413 and ERROR_STATUS["payload_too_large"] == 413
     assert ERROR_STATUS["dlq_replay_refused"] == 403 and ERROR_STATUS["not_booted"] == 503
+    assert ERROR_STATUS["invalid_identity"] == ERROR_STATUS["invalid_txn"] == 400
+    assert ERROR_STATUS["invalid_headers"] == ERROR_STATUS["invalid_timing"] == 400
     assert all(status >= 400 for status in ERROR_STATUS.values())
     # 500 is a bug; 503 is not the caller's fault; 505 is HTTP's own answer to a version the
     # server does not speak (the one 5xx a request's content can cause, by design).

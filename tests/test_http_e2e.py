@@ -281,7 +281,7 @@ def test_reserved_headers_are_server_owned(service: Service) -> None:
         ),
         (
             b'{"operations": [{"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": -1}]}',
-            "invalid_operation",
+            "invalid_timing",
         ),
         (
             b'{"operations": [{"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": "5"}]}',
@@ -293,11 +293,11 @@ def test_reserved_headers_are_server_owned(service: Service) -> None:
         ),
         (
             b'{"operations": [{"op": "schedule", "queue": "a/b", "timerKey": "k"}]}',
-            "invalid_operation",
+            "invalid_identity",
         ),
         (
             b'{"operations": [{"op": "schedule", "queue": "q", "timerKey": ""}]}',
-            "invalid_operation",
+            "invalid_identity",
         ),
         (
             b'{"operations": [{"op": "cancel", "queue": "q", "timerKey": "k", "delayMs": 1}]}',

@@ -55,8 +55,10 @@ def test_horizon_is_the_narrowest_of_kernel_cell_and_tenant(tmp_path: Path) -> N
         (g,) = svc.post(schedule("at", 2 * HOUR_MS), token="globex-all")
         assert g["status"] == "scheduled"
         _refused(svc, [schedule("x", 2 * HOUR_MS + 1)], 403, "horizon_exceeded", token="globex-all")
-        # A huge delay is a plan verdict too, never a 5xx.
-        _refused(svc, [schedule("x", 10**30)], 403, "horizon_exceeded")
+        # A delay no instant can hold is invalid timing, as the kernel and the library say
+        # (checked before the horizon, in the kernel's order); never a 5xx.
+        _refused(svc, [schedule("x", 10**30)], 400, "invalid_timing")
+        _refused(svc, [schedule("x", 2**53)], 400, "invalid_timing")
 
 
 def test_payload_ceiling_is_min_of_plan_and_cell(tmp_path: Path) -> None:

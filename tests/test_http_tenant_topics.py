@@ -95,7 +95,7 @@ def test_each_tenants_consumer_sees_only_its_own_records_and_each_names_its_tena
             svc.nereus.consumer("acme/same", group="peek")
         doc = {"operations": [schedule("x", queue="acme/same")]}
         refused = svc.call("POST", "/api/v1/timers", doc, token="globex-all")
-        assert (refused.status, refused.code) == (400, "invalid_operation")
+        assert (refused.status, refused.code) == (400, "invalid_identity")
     data = str(tmp_path / "data")
     assert nereus_cli(["tail", QUEUE, "--data", data, "--tenant", "globex"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

@@ -176,8 +176,8 @@ def test_broker_stop_and_restart_mid_fire(
             schedule_record(QUEUE, key, f"p-{key}".encode(), delay_ms=200, partition=key)
             for key in second
         ]
-        for key, outcome in zip(second, runtime.submit(items).result(90), strict=True):
-            res = to_result(outcome, QUEUE, key)
+        for item, outcome in zip(items, runtime.submit(items).result(90), strict=True):
+            res = to_result(outcome, item[0], runtime.store.config)
             assert res.ok, res
 
         # Settle: every timer DELIVERED or UNCERTAIN behind an UNKNOWN attempt. (UNKNOWN

@@ -53,7 +53,7 @@ def test_the_async_calls_answer_like_the_sync_ones(nereus: Nereus) -> None:
         assert (gone.ok, gone.status) == (True, "canceled")
         assert (await nereus.cancel_async("q", "k")).status == "absent"
         refused = await nereus.schedule_async("q", "a/b/" * 60, b"x")
-        assert (refused.ok, refused.status) == (False, "invalid_identity")
+        assert (refused.ok, refused.status, refused.code) == (False, "rejected", "invalid_identity")
         with pytest.raises(TypeError, match="delay_ms"):
             await nereus.schedule_async("q", "k", b"x", delay_ms="soon")  # type: ignore[arg-type]
 

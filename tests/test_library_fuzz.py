@@ -8,7 +8,8 @@ dates, timedeltas, odd strings (empty, NUL, '/', lone surrogates, overlong), byt
 None, containers, objects. Each call must answer (a Result, a Peek or a Listing: the kernel
 may reject with a code) or raise TypeError/ValueError with the store's digest and log end
 unchanged; anything else fails the test, and after every call the runtime must still be
-up. At the end the log replays to the store's state. `NEREUS_FUZZ_EXAMPLES` sizes it.
+up. Every `Result` has the one shape: a status of the closed list, its code, and words on
+every refusal. At the end the log replays to the store's state. `NEREUS_FUZZ_EXAMPLES` sizes it.
 """
 
 from __future__ import annotations
@@ -130,6 +131,19 @@ def calls(draw: st.DrawFn) -> tuple[str, bool, list[Any], dict[str, Any]]:
     return name, is_async, args, kwargs
 
 
+# The closed status list every surface shares (specs/codes.md), written out.
+STATUSES = {"scheduled", "rescheduled", "unchanged", "canceled", "too_late", "absent", "rejected"}
+
+
+def _one_shape(r: Result) -> None:
+    """Never a status outside the list, a code that contradicts it, or a refusal without
+    words (the same rule is a property over the kernel in tests/test_result_codes.py)."""
+    assert r.status in STATUSES, r
+    assert r.status in (r.code, "rejected"), r
+    assert r.ok == (r.status in {"scheduled", "rescheduled", "unchanged", "canceled"}), r
+    assert r.ok or r.message, r
+
+
 @pytest.fixture
 def nereus(tmp_path: Path) -> Iterator[Nereus]:
     with still_shard(tmp_path) as n:
@@ -167,6 +181,8 @@ def test_no_call_halts_the_shard_and_a_refused_call_changes_nothing(nereus: Nere
             else:
                 counts["answered"] += 1
                 assert isinstance(answer, Result | Peek | Listing)
+                if isinstance(answer, Result):
+                    _one_shape(answer)
             assert nereus.runtime.halted is None, (name, args, kwargs)
 
     try:

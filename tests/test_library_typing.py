@@ -36,6 +36,7 @@ def main(n: Nereus) -> None:
     n.peek("q", 5)  # wrong
     n.list("q", limit="10")  # wrong
     status: int = n.schedule("q", "k", b"x").status  # wrong
+    stored: str | None = n.peek("q", "k").payload  # wrong
     n.consumer("q", grup="g")  # wrong
     KafkaNereus.connect("127.0.0.1:9092", comands_topic="c")  # wrong
     KafkaNereus.connect("127.0.0.1:9092", shards="4")  # wrong
@@ -50,10 +51,15 @@ asyncio.run(amain(Nereus.open("d")))
 RIGHT = """\
 import asyncio
 from datetime import UTC, datetime, timedelta
-from nereus import KafkaNereus, Listing, LocalRecord, Nereus, Peek, Result
+from nereus import KafkaNereus, Listing, LocalRecord, Nereus, NereusRefused, Peek, Result
 
 def main(n: Nereus) -> None:
     r: Result = n.schedule("q", "k", b"x", delay_ms=timedelta(days=7), txn="t-1")
+    try:
+        code: str = n.cancel("q", "k").raise_for_status().code
+    except NereusRefused as refused:
+        print(refused.code, refused.message, refused.result.status)
+    stored: bytes | None = n.peek("q", "k").payload
     n.schedule("q", "k2", bytearray(b"x"), delay_ms=5_000, partition="p", headers={"a": "b"})
     n.schedule("q", "k3", memoryview(b"x"), deliver_at_ms=datetime.now(UTC))
     n.schedule("q", "k4", b"x", deliver_at_ms=1_780_000_000_000, expire_at_ms=1_790_000_000_000)

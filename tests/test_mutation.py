@@ -37,6 +37,7 @@ KINDS = {
     "N": "a tenant's deliveries are its own (issue 31, item 4)",
     "H": "which timer a delivery is: the key on every record (issue 32, item 3)",
     "W": "loud on an unbounded clock, and readiness (issue 32, items 1 and 2)",
+    "C": "one code list and one result shape (issue 32, item 4)",
 }
 
 

@@ -1,4 +1,4 @@
-"""The generated spec tables must match the kernel's data."""
+"""The generated spec tables must match the kernel's data (and the client answers')."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nereus.kernel.specdoc import render_all
+from nereus.adapters.specdoc import render_all
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

@@ -86,7 +86,7 @@ def backoff_ms(failures: int) -> int:
 
 def v1_timing(bp_ms: int, deliver_ms: int, expire_ms: int) -> k.Code | None:
     if deliver_ms > bp_ms + LIMITS.max_delay_horizon_ms:
-        return k.Code.DELIVER_BEYOND_HORIZON
+        return k.Code.HORIZON_EXCEEDED
     if expire_ms > bp_ms + LIMITS.max_message_lifetime_ms:
         return k.Code.LIFETIME_EXCEEDED
     if expire_ms < max(deliver_ms, bp_ms) + LIMITS.min_delivery_window_ms:

@@ -165,7 +165,7 @@ def v1_violations(
     """The three V1 rules from the seed, in the order the codes list gives them."""
     broken: list[k.Code] = []
     if not deliver_at_ms <= bp_ms + limits.max_delay_horizon_ms:
-        broken.append(k.Code.DELIVER_BEYOND_HORIZON)
+        broken.append(k.Code.HORIZON_EXCEEDED)
     if not expire_at_ms <= bp_ms + limits.max_message_lifetime_ms:
         broken.append(k.Code.LIFETIME_EXCEEDED)
     if not expire_at_ms >= max(deliver_at_ms, bp_ms) + limits.min_delivery_window_ms:

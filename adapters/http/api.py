@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from nereus.adapters import crypto, readiness
+from nereus.adapters.codes import NAMES_JSON
 from nereus.adapters.errors import ShardNotLocal, Unavailable
 from nereus.adapters.http import routing
 from nereus.adapters.http.auth import Authenticator, Unauthorized
@@ -313,15 +314,16 @@ class TimerApi:
         )
         self.policy.take_rate(who, len(checked))
         reservation = await self._admit(who, checked) if any(c.produces for c in checked) else None
+        items = [self._item(who, c) for c in checked]
         try:
-            outcomes = await self._commit([self._item(who, c) for c in checked])
+            outcomes = await self._commit(items)
         finally:
             if reservation is not None:
                 # Answered or failed: what it committed is in the usage later checks read.
                 reservation.release()
         results = [
-            result_json(to_result(outcome, c.op.queue, c.op.timer_key), c.kind)
-            for c, outcome in zip(checked, outcomes, strict=True)
+            result_json(to_result(outcome, item[0], self.kernel, NAMES_JSON), c.kind)
+            for c, item, outcome in zip(checked, items, outcomes, strict=True)
         ]
         metered = sum(
             1
@@ -417,14 +419,15 @@ class TimerApi:
         txn = routing.parse_query(req.query).get("txn")
         if txn is not None and check_txn(txn, self.kernel) is not None:
             raise ApiError("invalid_query", f"txn must be 1..{self.kernel.max_txn_bytes} bytes")
-        items: list[Appendable] = [(Cancel(who.tenant, queue, timer_key, txn=txn), None)]
+        cancel = Cancel(who.tenant, queue, timer_key, txn=txn)
         with _commit_errors():
             outcomes = await self.backend.cancel_async(
-                items, lambda: self.policy.take_delete(who), self.commit_timeout_s
+                [(cancel, None)], lambda: self.policy.take_delete(who), self.commit_timeout_s
             )
         if outcomes is None:
             raise self.policy.refuse_delete(who)
-        return json_response(200, result_json(to_result(outcomes[0], queue, timer_key), "cancel"))
+        result = to_result(outcomes[0], cancel, self.kernel, NAMES_JSON)
+        return json_response(200, result_json(result, "cancel"))
 
     async def _dlq_replay(self, _who: Principal | None, _req: Request) -> Response:
         raise ApiError(

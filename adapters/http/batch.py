@@ -2,10 +2,12 @@
 
 Theory of operation: the body must be exactly `{"operations": [...]}` with 1 to
 `MAX_OPERATIONS` operations; each is converted into its tagged struct (unknown fields
-refused), then checked in a fixed order: server-owned fields, identity, txn, delay, horizon,
-payload (base64, ceiling, the envelope's room for an encrypted queue, whose envelope also
-seals the headers unless the queue keeps them clear) and headers. The first problem refuses
-the whole batch with its code, so a bad batch never half-reaches the log.
+refused), then checked in a fixed order, the kernel's where the kernel has the rule: server-owned
+fields, identity, txn, payload (base64, ceiling, the envelope's room for an encrypted
+queue, whose envelope also seals the headers unless the queue keeps them clear), headers,
+delay, horizon. The first problem refuses the whole batch with its code from the one list
+(`adapters.codes`, the code the library and the kernel give for the same command) and the
+same text, so a bad batch never half-reaches the log.
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ from typing import Any, TypeVar
 import msgspec
 
 from nereus.adapters import crypto
+from nereus.adapters.codes import (
+    NAMES_JSON,
+    headers_text,
+    horizon_text,
+    identity_text,
+    payload_too_large_text,
+    txn_text,
+)
 from nereus.adapters.http.contract import MAX_OPERATIONS, RESERVED_HEADER_PREFIX, SERVER_OWNED
 from nereus.adapters.http.errors import ApiError
 from nereus.adapters.tenancy import Limits
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.validation import check_headers, check_identity, check_txn
+from nereus.kernel.timing import MAX_INSTANT_MS
+from nereus.kernel.validation import check_headers, check_txn
 
 
 class _Op(msgspec.Struct, forbid_unknown_fields=True, rename="camel", tag_field="op"):
@@ -74,12 +85,7 @@ class Checked:
 
 
 def identity_problem(tenant: str, queue: str, timer_key: str, kernel: KernelConfig) -> str | None:
-    if check_identity(tenant, queue, timer_key, kernel) is None:
-        return None
-    limit = kernel.max_identity_bytes
-    if not queue or "/" in queue or "\x00" in queue or len(queue.encode()) > limit:
-        return f"queue must be one path segment of 1..{limit} bytes without NUL"
-    return f"timerKey must be 1..{limit} bytes without NUL"
+    return identity_text(tenant, queue, timer_key, kernel, NAMES_JSON)
 
 
 T = TypeVar("T")
@@ -215,20 +221,33 @@ def _check_typed(
 ) -> Checked:
     problem = identity_problem(tenant, op.queue, op.timer_key, kernel)
     if problem is not None:
-        raise ApiError("invalid_operation", f"{where}: {problem}")
+        raise ApiError("invalid_identity", f"{where}: {problem}")
     if op.txn is not None and check_txn(op.txn, kernel) is not None:
-        raise ApiError("invalid_operation", f"{where}: txn must be 1..{kernel.max_txn_bytes} bytes")
+        raise ApiError("invalid_txn", f"{where}: {txn_text(kernel)}")
     if isinstance(op, CancelOp):
         return Checked(op)
-    if op.delay_ms < 0:
-        raise ApiError("invalid_operation", f"{where}: delayMs must be >= 0")
+    checked = (
+        _check_content(op, where, limits, kernel, sealing)
+        if isinstance(op, ScheduleOp)
+        else Checked(op)
+    )
+    # The timing last, as the kernel checks it: one bad command gets one code everywhere.
+    if not 0 <= op.delay_ms < MAX_INSTANT_MS:
+        raise ApiError(
+            "invalid_timing", f"{where}: delayMs must be in [0, 2^53) ms, not {op.delay_ms}"
+        )
     if op.delay_ms > limits.horizon_ms:
         raise ApiError(
             "horizon_exceeded",
-            f"{where}: delayMs {op.delay_ms} is beyond the horizon of {limits.horizon_ms} ms",
+            f"{where}: {horizon_text('delayMs', op.delay_ms, limits.horizon_ms)}",
         )
-    if isinstance(op, RescheduleOp):
-        return Checked(op)
+    return checked
+
+
+def _check_content(
+    op: ScheduleOp, where: str, limits: Limits, kernel: KernelConfig, sealing: _Sealing
+) -> Checked:
+    """A schedule's payload and headers, against the tenant's ceiling and the kernel's."""
     payload = op.payload
     ceiling = limits.payload_ceiling
     headers = tuple(sorted(op.headers.items())) if op.headers else ()
@@ -239,14 +258,10 @@ def _check_typed(
         ceiling = min(ceiling, kernel.max_payload_bytes - added_bytes)
     if len(payload) > ceiling:
         raise ApiError(
-            "payload_too_large", f"{where}: {len(payload)} bytes > ceiling {max(ceiling, 0)}"
+            "payload_too_large", f"{where}: {payload_too_large_text(len(payload), ceiling)}"
         )
     if any(name.lower().startswith(RESERVED_HEADER_PREFIX) for name, _ in headers):
         raise ApiError("server_owned_field", f"{where}: nereus-* headers are set by the server")
     if check_headers(headers, kernel) is not None:
-        raise ApiError(
-            "invalid_operation",
-            f"{where}: headers: at most {kernel.max_headers}, names non-empty, "
-            f"{kernel.max_header_bytes} bytes in all",
-        )
+        raise ApiError("invalid_headers", f"{where}: {headers_text(kernel)}")
     return Checked(op, payload, headers)

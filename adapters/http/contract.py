@@ -4,7 +4,8 @@ Theory of operation: the routes (`adapters.http.routing`, `adapters.http.api`), 
 connection handling (`adapters.http.protocol`) and the OpenAPI document
 (`adapters.http.openapi`) are all built from the constants here, so the document cannot
 promise a code, a status or a limit the service does not have. Adding an error code is a
-protocol change: it goes into `ERRORS` (with its HTTP status) and into `specs/http.md`.
+protocol change: it goes into the one list of codes, `adapters.codes.CODES` (with its HTTP
+status), whose refusals are `ERRORS` here, and into `specs/codes.md`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 from typing import Final, Literal, NamedTuple
 
 import msgspec
+
+from nereus.adapters.codes import CODES
+from nereus.adapters.codes import STATUSES as CODE_STATUSES
 
 # Operations per POST batch.
 MAX_OPERATIONS: Final = 256
@@ -80,17 +84,10 @@ STORAGE_FULL_FRACTION: Final = 0.95
 SERVER_OWNED: Final = frozenset({"producerSub", "messageId", "tenant"})
 RESERVED_HEADER_PREFIX: Final = "nereus-"
 
-# The statuses a result element may carry. "rejected" is the guard for a kernel verdict the
-# edge checks should have made impossible; it carries the kernel code in "code".
-STATUSES: Final = (
-    "scheduled",
-    "rescheduled",
-    "unchanged",
-    "canceled",
-    "too_late",
-    "absent",
-    "rejected",
-)
+# The statuses a result element may carry (`adapters.codes`): "rejected" is a kernel verdict
+# the edge checks did not make (or that only the kernel can make, such as `txn_reused`); it
+# carries the kernel code in "code".
+STATUSES: Final = CODE_STATUSES
 # Result statuses that count one metered message (a new promise: a new generation).
 METERED_STATUSES: Final = frozenset({"scheduled", "rescheduled"})
 
@@ -101,71 +98,12 @@ GRANTS: Final[tuple[Grant, ...]] = ("produce", "read", "admin")
 HINT_HEADER: Final = "x-nereus-timers-hint"
 HINT_VALUE: Final = "DELETE /api/v1/timers/{queue}/{timerKey}"
 
-# code -> (HTTP status, meaning). Every error body is {"error": {"code", "message"}}.
+# code -> (HTTP status, meaning): the codes of the one list (`adapters.codes.CODES`) that
+# refuse a whole request. Every error body is {"error": {"code", "message"}}.
 ERRORS: Final[dict[str, tuple[int, str]]] = {
-    "malformed_request": (
-        400,
-        "The HTTP request itself is malformed: the request line, a header, raw non-ASCII "
-        "bytes in the target, a Content-Length that is not exactly one count of digits, or "
-        "a chunked body.",
-    ),
-    "malformed_json": (400, "The body is not JSON (or not UTF-8)."),
-    "json_too_deep": (400, "The body's JSON nests deeper than any document this API takes."),
-    "invalid_batch": (400, 'The body is not {"operations": [...]} with 1 to 256 operations.'),
-    "invalid_operation": (400, "An operation is malformed; the message names which and why."),
-    "invalid_path": (400, "A queue or timerKey in the path is empty, too long or malformed."),
-    "invalid_query": (400, "A query parameter is malformed (e.g. a limit that is no integer)."),
-    "invalid_body": (400, "The body is JSON but not the document this route takes."),
-    "server_owned_field": (
-        400,
-        "An operation sets producerSub, messageId, tenant, a _-field or a nereus-* header.",
-    ),
-    "unauthorized": (401, "No credential, a malformed one, or one this service does not know."),
-    "missing_grant": (403, "The credential lacks the grant this route needs."),
-    "horizon_exceeded": (403, "delayMs is beyond the tenant's horizon (a plan verdict)."),
-    "over_quota": (
-        403,
-        "The tenant is at its quota of live timers or bytes: cancel timers to produce again.",
-    ),
-    "produce_blocked": (403, "Producing is blocked for the tenant by an operator or admin."),
-    "dlq_replay_refused": (
-        403,
-        "Dead letters are not replayed: schedule a new timer instead.",
-    ),
-    "not_found": (404, "No such route."),
-    "method_not_allowed": (405, "The route does not take this method."),
-    "request_timeout": (
-        408,
-        "The request line and headers, or the declared body, did not arrive in time.",
-    ),
-    "payload_too_large": (413, "A payload is larger than the payload ceiling."),
-    "body_too_large": (
-        413,
-        "The declared Content-Length is larger than the server accepts (refused unread).",
-    ),
-    "request_line_too_long": (414, "The request line is longer than the server accepts."),
-    "headers_too_large": (431, "The headers are larger, or more, than the server accepts."),
-    "rate_limited": (
-        429,
-        "The tenant's rate of POST operations, or the credential's rate of DELETEs that "
-        "append, is spent: retry after Retry-After (a pending timer's DELETE is never "
-        "refused).",
-    ),
-    "overloaded": (429, "The intake queue is full: retry later."),
-    "internal_error": (500, "A bug in the service (never caused by the request's content)."),
-    "unavailable": (503, "The service cannot commit right now (not your fault)."),
-    "not_booted": (503, "The service has not finished starting (or has halted)."),
-    "storage_full": (503, "The cell's storage is nearly full: producing is paused."),
-    "shard_not_local": (
-        503,
-        "Kafka mode: the timer's shard is not owned by this process; ask the process that "
-        "owns it (see /healthz) or retry after the shards move.",
-    ),
-    "server_busy": (
-        503,
-        "The server holds as many connections or requests as it may: retry after Retry-After.",
-    ),
-    "http_version_not_supported": (505, "Only HTTP/1.0 and HTTP/1.1 are served."),
+    code: (answer.http_status, answer.meaning)
+    for code, answer in CODES.items()
+    if answer.http_status >= 400
 }
 
 ERROR_CODES: Final[dict[str, str]] = {code: text for code, (_, text) in ERRORS.items()}
@@ -212,8 +150,12 @@ ROUTES: Final[tuple[Route, ...]] = (
             "invalid_batch",
             "invalid_operation",
             "server_owned_field",
-            "horizon_exceeded",
+            "invalid_identity",
+            "invalid_txn",
             "payload_too_large",
+            "invalid_headers",
+            "invalid_timing",
+            "horizon_exceeded",
             "rate_limited",
             *_PRODUCE_BLOCKS,
             "shard_not_local",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nereus.adapters.codes import COMMAND_CODES
 from nereus.adapters.http.contract import (
     COMMON_ERRORS,
     ERROR_CODES,
@@ -223,14 +224,20 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
                 "txn": _nullable("string"),
                 "code": {
                     "type": "string",
-                    "description": "The kernel code of `rejected`, e.g. `txn_reused`.",
+                    "enum": sorted(COMMAND_CODES),
+                    "description": "The code (specs/codes.md): the status itself, or for "
+                    "`rejected` the rule that refused the operation, e.g. `txn_reused`.",
+                },
+                "message": {
+                    "type": "string",
+                    "description": "Why, in words: on every result that is not ok.",
                 },
                 "messageId": _STR,
                 "deliverAt": _nullable("integer"),
                 "attemptId": _nullable("string"),
                 "evidence": evidence,
             },
-            required=["ok", "status", "queue", "timerKey", "txn"],
+            required=["ok", "status", "code", "queue", "timerKey", "txn"],
         ),
         "Results": _obj({"results": {"type": "array", "items": _ref("Result")}}),
         "PeekMissing": _obj({"found": {"const": False}}),

@@ -1,33 +1,37 @@
 """The JSON shapes of the answers: a command's result, a peek, a list row.
 
-Theory of operation: a result carries exactly one status from `contract.STATUSES`; a kernel
-code outside that list (a verdict the edge could not foresee, such as `txn_reused`) is
-answered as `rejected` with the kernel's code in `code`, so the status list stays closed.
+Theory of operation: a result element is the library's `Result` (`adapters.local.results`)
+in the API's names: exactly one status from the closed list (`adapters.codes.STATUSES`),
+`rejected` for a kernel refusal the edge could not foresee (such as `txn_reused`), the code
+from the one list on every element and a human `message` on every refusal. A peek's payload
+is bytes in the library and base64 here.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import msgspec
 
-from nereus.adapters.http.contract import STATUSES
 from nereus.adapters.local.embedded import Peek, Result
 from nereus.kernel.model import Message
 from nereus.kernel.records import Evidence
 
 
 def result_json(result: Result, kind: str) -> dict[str, Any]:
-    known = result.status in STATUSES and result.status != "rejected"
+    """A result element: the library's `Result` in the API's names. `code` is on every
+    element (the status itself but for `rejected`); `message` on every one not `ok`."""
     out: dict[str, Any] = {
         "ok": result.ok,
-        "status": result.status if known else "rejected",
+        "status": result.status,
+        "code": result.code,
         "queue": result.queue,
         "timerKey": result.timer_key,
         "txn": result.txn,
     }
-    if not known:
-        out["code"] = result.status
+    if result.message is not None:
+        out["message"] = result.message
     if result.message_id is not None and result.status != "absent":
         out["messageId"] = result.message_id
     if kind in ("schedule", "reschedule") and result.ok:
@@ -68,7 +72,7 @@ def peek_json(p: Peek) -> dict[str, Any]:
         "txn": p.txn,
         "messageId": p.message_id,
         "generation": p.generation,
-        "payload": p.payload,
+        "payload": base64.b64encode(p.payload).decode() if p.payload is not None else None,
         "encrypted": p.encrypted,
         "producerSub": p.producer_sub,
         "attempts": p.attempts,

@@ -131,6 +131,10 @@ class KafkaNereus(TimerCommands):
         service.start()
         return cls(service, timeout_s=timeout_s)
 
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return self.service.kernel_config
+
     def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
         # The owner would drop a record it cannot decode, and this call would wait for it.
         check_items(items)

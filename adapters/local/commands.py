@@ -6,9 +6,11 @@ runs (`_run`, `_run_async`) and how the store is read (`_peek`, `_list`).
 Theory of operation: every argument is checked on the caller's side while its record is
 built (`adapters.local.arguments`); a wrong one raises `TypeError`/`ValueError` before
 anything is submitted. A command returns once durable, with the kernel's verdict as a
-`Result`: a refusal by one of the kernel's rules is an answer (`ok` False, `status` its code),
-not an exception. The async forms wait for the same durable commit without blocking the
-event loop and without a thread per call (`await_command`).
+`Result`: a refusal by one of the kernel's rules is an answer (`ok` False, `status`
+`rejected`, `code` and `message` saying which rule and why), not an exception, unless the
+caller asks for one with `Result.raise_for_status()`. The async forms wait for the same
+durable commit without blocking the event loop and without a thread per call
+(`await_command`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from nereus.adapters.local.arguments import (
     text,
 )
 from nereus.adapters.local.results import Listing, Peek, Result, to_result
+from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import Cancel, Reschedule, Schedule
@@ -76,14 +79,18 @@ def _page(queue: str, after: str | None, limit: int, tenant: str) -> tuple[str, 
     return text("tenant", tenant), optional_text("after", after), limit
 
 
-def _one(outcomes: Sequence[EntryOutcome], item: Appendable) -> Result:
-    record = item[0]
-    assert isinstance(record, Schedule | Reschedule | Cancel)
-    return to_result(outcomes[0], record.queue, record.timer_key)
-
-
 class TimerCommands:
-    """The calls; a subclass implements `_run`, `_run_async`, `_peek` and `_list`."""
+    """The calls; a subclass implements `_run`, `_run_async`, `_peek`, `_list` and
+    `kernel_config` (the shard's, by which a refusal's message states its limits)."""
+
+    @property
+    def kernel_config(self) -> KernelConfig:
+        raise NotImplementedError
+
+    def _one(self, outcomes: Sequence[EntryOutcome], item: Appendable) -> Result:
+        record = item[0]
+        assert isinstance(record, Schedule | Reschedule | Cancel)
+        return to_result(outcomes[0], record, self.kernel_config)
 
     def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
         raise NotImplementedError
@@ -136,7 +143,7 @@ class TimerCommands:
             producer_sub=producer_sub,
             encrypted=encrypted,
         )
-        return _one(self._run([item]), item)
+        return self._one(self._run([item]), item)
 
     async def schedule_async(
         self,
@@ -173,7 +180,7 @@ class TimerCommands:
             producer_sub=producer_sub,
             encrypted=encrypted,
         )
-        return _one(await self._run_async([item]), item)
+        return self._one(await self._run_async([item]), item)
 
     # reschedule ---------------------------------------------------------------------------
 
@@ -202,7 +209,7 @@ class TimerCommands:
             txn=txn,
             expected_version=expected_version,
         )
-        return _one(self._run([item]), item)
+        return self._one(self._run([item]), item)
 
     async def reschedule_async(
         self,
@@ -229,7 +236,7 @@ class TimerCommands:
             txn=txn,
             expected_version=expected_version,
         )
-        return _one(await self._run_async([item]), item)
+        return self._one(await self._run_async([item]), item)
 
     # cancel -------------------------------------------------------------------------------
 
@@ -247,7 +254,7 @@ class TimerCommands:
         item = cancel_record(
             queue, timer_key, tenant=tenant, txn=txn, expected_version=expected_version
         )
-        return _one(self._run([item]), item)
+        return self._one(self._run([item]), item)
 
     async def cancel_async(
         self,
@@ -262,7 +269,7 @@ class TimerCommands:
         item = cancel_record(
             queue, timer_key, tenant=tenant, txn=txn, expected_version=expected_version
         )
-        return _one(await self._run_async([item]), item)
+        return self._one(await self._run_async([item]), item)
 
     # Reads --------------------------------------------------------------------------------
 

@@ -166,6 +166,10 @@ class Nereus(TimerCommands):
             raise
         return cls(store, dest, runtime, lock, allow_unbounded_clock=allow_unbounded_clock)
 
+    @property
+    def kernel_config(self) -> KernelConfig:
+        return self.store.config
+
     # Lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
