@@ -35,6 +35,7 @@ KINDS = {
     "K": "one owner per store (issue 30, item 2)",
     "Z": "sealed at rest and private files (issue 31, item 5)",
     "N": "a tenant's deliveries are its own (issue 31, item 4)",
+    "W": "consumers at least once, woken across processes (issue 32, item 5)",
 }
 
 
