@@ -301,11 +301,18 @@ def test_a_waiting_sync_consumer_of_another_process_does_not_poll(tmp_path: Path
         looks = counting_reads(c._destination)
         assert c.poll(timeout_s=1.5) == []
         assert looks[0] <= 3, f"an idle wait of 1.5 s looked {looks[0]} times"
-        writer = writer_process(tmp_path, 3, 0.3)
+        writer = writer_process(tmp_path, 3, 1.0)
+        got: list[LocalRecord] = []
+        lags_ms: list[float] = []
         try:
             looks[0] = 0
-            got = list(c.records(limit=3, idle_timeout_s=WAIT_S))
+            for record in c.records(limit=3, idle_timeout_s=WAIT_S):
+                got.append(record)
+                lags_ms.append(time.time() * 1000 - record.delivered_at_ms)
         finally:
             writer.wait(WAIT_S)
         assert [r.payload for r in got] == [b"w0", b"w1", b"w2"]
         assert looks[0] <= 12, f"three wake-ups took {looks[0]} looks"
+        # Written 1 s apart, each is seen when written: a waiter that only re-read every
+        # 5 s (the backstop) would see at least one of the three 3 s late.
+        assert max(lags_ms) < 1_500, lags_ms
