@@ -370,3 +370,32 @@ def test_each_consumer_starts_at_the_groups_position_and_skips_nothing(
                 return [r.offset async for r in c.records(idle_timeout_s=0.05)]
 
         assert asyncio.run(rest()) == list(range(position, total))
+
+
+def test_a_waiter_that_cannot_make_its_fifo_looks_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader without write permission on the destination's folder (another user, as
+    `--file-mode 0640` allows; the tests run as root, so the refusal is made here) cannot
+    make a FIFO: it falls back to looking every 0.1 s and still gets every record."""
+
+    def refused(_path: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    from nereus.adapters.local import async_consumer, destination  # noqa: PLC0415
+
+    monkeypatch.setattr(async_consumer, "Waker", refused)
+    monkeypatch.setattr(destination, "Waker", refused)
+    fill(tmp_path, "q", 0)
+    writer = writer_process(tmp_path, 2, 0.5)
+    try:
+        with open_consumer(tmp_path, "q", group="sync") as c:
+            assert [r.payload for r in c.records(limit=1, idle_timeout_s=WAIT_S)] == [b"w0"]
+
+        async def read() -> list[bytes]:
+            async with open_async_consumer(tmp_path, "q", group="async") as c:
+                return [r.payload async for r in c.records(limit=2, idle_timeout_s=WAIT_S)]
+
+        assert asyncio.run(read()) == [b"w0", b"w1"]
+    finally:
+        writer.wait(WAIT_S)

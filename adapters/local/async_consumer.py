@@ -39,7 +39,7 @@ from typing import NoReturn
 
 from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH, LocalConsumer, open_consumer
 from nereus.adapters.local.destination import LocalRecord
-from nereus.adapters.local.wake import BACKSTOP_S, Waker
+from nereus.adapters.local.wake import BACKSTOP_S, UNWAKEABLE_POLL_S, Waker
 from nereus.kernel.keys import DEFAULT_TENANT
 
 
@@ -180,7 +180,9 @@ class AsyncConsumer:
             batch = c._destination.read(c.topic, c._next, max_records)
             if batch:
                 return batch
-            left = BACKSTOP_S if deadline is None else min(deadline - loop.time(), BACKSTOP_S)
+            # Without a FIFO (`_listen` could not make one) nothing wakes it: it looks.
+            most = BACKSTOP_S if self._waker is not None else UNWAKEABLE_POLL_S
+            left = most if deadline is None else min(deadline - loop.time(), most)
             if left <= 0:
                 return []
             with contextlib.suppress(TimeoutError):
@@ -193,11 +195,15 @@ class AsyncConsumer:
             return self._arrived
         if self._loop is not None and self._waker is not None:
             self._loop.remove_reader(self._waker.fileno())
+        arrived = asyncio.Event()
         if self._waker is None:
-            self._waker = Waker(self._c._destination.path)
+            try:
+                self._waker = Waker(self._c._destination.path)
+            except OSError:  # no FIFO here: `_fetch` looks every UNWAKEABLE_POLL_S
+                self._loop, self._arrived = loop, arrived
+                return arrived
             # Closed with the consumer however it is closed (`Nereus.close` closes it too).
             self._c._on_close.append(self._forget_waker)
-        arrived = asyncio.Event()
         waker = self._waker
 
         def on_wake() -> None:

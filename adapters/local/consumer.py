@@ -50,7 +50,7 @@ from nereus.adapters.local.destination import LocalDestination, LocalRecord
 from nereus.adapters.tenant_topics import LOCAL_SEPARATOR, name_ok
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.storage import files
-from nereus.storage.lock import holder
+from nereus.storage.errors import StoreError
 
 # Where `Nereus.open(DIR)` and `nereus serve --data DIR` keep the local destination.
 DESTINATION_DIR = "destination"
@@ -345,9 +345,26 @@ _readers_lock = threading.Lock()
 
 def _open_reader(path: str) -> LocalDestination:
     with _readers_lock:
-        destination, users = _readers.get(path) or (LocalDestination(path), 0)
+        known = _readers.get(path)
+        if known is None:
+            known = (_open_destination(path), 0)
+        destination, users = known
         _readers[path] = (destination, users + 1)
         return destination
+
+
+def _open_destination(path: str) -> LocalDestination:
+    try:
+        return LocalDestination(path)
+    except StoreError as exc:
+        # py-lmdb's own refusal, when this process's Nereus has the directory open. (Not
+        # asked of the directory's lock: a probe of it could make a starting service fail.)
+        if "already open in this process" in str(exc.__cause__):
+            raise ValueError(
+                f"this process has {os.path.dirname(path)!r} open (Nereus.open): use its "
+                "consumer() or async_consumer() instead of opening the destination again"
+            ) from exc
+        raise
 
 
 def _close_reader(path: str) -> None:
@@ -361,7 +378,7 @@ def _close_reader(path: str) -> None:
 
 
 def destination_path(data_dir: str | os.PathLike[str]) -> str:
-    """The local destination of a data directory, checked for a reader in this process."""
+    """The local destination of a data directory (it must have one)."""
     directory = os.fspath(data_dir)
     path = os.path.join(directory, DESTINATION_DIR)
     if not os.path.isfile(os.path.join(path, "data.mdb")):
@@ -369,12 +386,6 @@ def destination_path(data_dir: str | os.PathLike[str]) -> str:
             f"no local destination under {directory!r} (expected {path!r}): give the data "
             "directory of Nereus.open / nereus serve --data, after it started once; a "
             "service that delivers to Kafka or Pulsar is read with that broker's client"
-        )
-    owner = holder(directory)
-    if owner is not None and owner.pid == os.getpid():
-        raise ValueError(
-            f"this process has {directory!r} open (Nereus.open): use its consumer() "
-            "instead of opening the destination a second time"
         )
     return path
 

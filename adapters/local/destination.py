@@ -27,7 +27,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from nereus.adapters.local.wake import Waker, notify
+from nereus.adapters.local.wake import UNWAKEABLE_POLL_S, Waker, notify
 from nereus.adapters.tenant_topics import local_topic, split_local_topic
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published
@@ -275,10 +275,13 @@ class LocalDestination:
         if self._writer:
             return self._wait_here(topic, offset, timeout_s, stop)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._arrived:
-            if stop() or self._closed:
-                return False
+        try:
             waker = Waker(self.path)
+        except OSError:
+            # No FIFO here (a reader without write permission on the directory, a file
+            # system without FIFOs): look every UNWAKEABLE_POLL_S instead.
+            return self._wait_here(topic, offset, timeout_s, stop, UNWAKEABLE_POLL_S)
+        with self._arrived:
             self._wakers.add(waker)
         try:
             while True:
@@ -299,8 +302,14 @@ class LocalDestination:
             waker.close()
 
     def _wait_here(
-        self, topic: str, offset: int, timeout_s: float | None, stop: Callable[[], bool]
+        self,
+        topic: str,
+        offset: int,
+        timeout_s: float | None,
+        stop: Callable[[], bool],
+        poll_s: float | None = None,
     ) -> bool:
+        """Wait on the condition this process's sends notify (and look every `poll_s`)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._arrived:
             while True:
@@ -312,6 +321,8 @@ class LocalDestination:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
+                if poll_s is not None:
+                    left = poll_s if left is None else min(left, poll_s)
                 self._arrived.wait(left)
 
     def topics(self) -> list[str]:

@@ -25,6 +25,11 @@ Backstop: a waiter still re-reads the topic every `BACKSTOP_S` without a wake-up
 matters when the writer committed records and died before it wrote the bytes, or when the
 writer is a build without this module; it is a bound on the latency of those cases, not
 the way records are normally seen.
+
+A waiter that cannot make its FIFO (a reader of another user without write permission on
+the destination's folder, as `--file-mode 0640` allows; a file system without FIFOs) falls
+back to looking every `UNWAKEABLE_POLL_S`: the one case that polls, said here so that it
+is not a surprise.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ WAKE_DIR = "wake"
 SUFFIX = ".fifo"
 # See the module docstring: the longest a waiter goes without looking when no wake-up came.
 BACKSTOP_S = 5.0
+# How often a waiter that cannot make a FIFO looks instead (the one case that polls).
+UNWAKEABLE_POLL_S = 0.1
 
 
 def wake_dir(destination_path: str) -> str:
