@@ -853,6 +853,33 @@ ONE_CODE_LIST = (
     ),
 )
 
+CONSUMERS = (
+    Mutant(
+        "U1",
+        "the async consumer counts a record handled when it hands it out",
+        "P4 nothing lost: a record is committed only once the program handled it",
+        one(
+            "adapters/local/async_consumer.py",
+            "        c._next = record.offset + 1\n        self._out = record\n",
+            "        c._next = record.offset + 1\n"
+            "        c._handled = max(c._handled, record.offset + 1)\n"
+            "        self._out = record\n",
+        ),
+        ("tests/test_async_consumer.py", "tests/test_async_consumer_crash.py"),
+    ),
+    Mutant(
+        "U2",
+        "the local destination's writer wakes only the consumers of its own process",
+        "P4 nothing lost: a consumer in another process sees what was delivered without polling",
+        one(
+            "adapters/local/destination.py",
+            "                notify(self.path)\n",
+            "",
+        ),
+        ("tests/test_async_consumer.py", "tests/test_consumer.py"),
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -870,4 +897,5 @@ CATALOGUE: tuple[Mutant, ...] = (
     *TIMER_KEYS,
     *READINESS,
     *ONE_CODE_LIST,
+    *CONSUMERS,
 )

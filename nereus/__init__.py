@@ -11,6 +11,11 @@ accounted for.
             for record in consumer:              # blocks; at least once
                 print(record.payload)
 
+    # Another process (beside `nereus serve --data data`), or asyncio:
+    with nereus.open_consumer("data", "reminders", group="mailer") as consumer: ...
+    async with nereus.open_async_consumer("data", "reminders", group="mailer") as consumer:
+        async for record in consumer: ...
+
 The repository keeps one folder per layer (`kernel/`, `storage/`, `runtime/`, `replay/`,
 `adapters/`, `sim/`); they install as subpackages of this one, and nothing else lands at
 the top level of site-packages. The names below are imported on first use rather than here,
@@ -27,13 +32,15 @@ __version__ = "0.2.0"
 if TYPE_CHECKING:
     from nereus.adapters.clock_bound import ClockUnbounded
     from nereus.adapters.kafka.library import KafkaNereus
-    from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
+    from nereus.adapters.local.async_consumer import AsyncConsumer, open_async_consumer
+    from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer, open_consumer
     from nereus.adapters.local.destination import LocalRecord
     from nereus.adapters.local.embedded import Listing, Nereus, Peek, Result
     from nereus.adapters.local.results import NereusRefused
     from nereus.runtime.timer_key_header import decode_timer_key
 
 __all__ = [
+    "AsyncConsumer",
     "ClockUnbounded",
     "ConsumerBusy",
     "KafkaNereus",
@@ -46,6 +53,8 @@ __all__ = [
     "Result",
     "__version__",
     "decode_timer_key",
+    "open_async_consumer",
+    "open_consumer",
 ]
 
 _LAZY = {
@@ -57,6 +66,9 @@ _LAZY = {
     "NereusRefused": "nereus.adapters.local.results",
     "LocalConsumer": "nereus.adapters.local.consumer",
     "ConsumerBusy": "nereus.adapters.local.consumer",
+    "open_consumer": "nereus.adapters.local.consumer",
+    "AsyncConsumer": "nereus.adapters.local.async_consumer",
+    "open_async_consumer": "nereus.adapters.local.async_consumer",
     "LocalRecord": "nereus.adapters.local.destination",
     "KafkaNereus": "nereus.adapters.kafka.library",
     "decode_timer_key": "nereus.runtime.timer_key_header",

@@ -8,7 +8,7 @@ checks the header and that positions are dense, and names the line of any bad en
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 import msgspec
@@ -37,7 +37,14 @@ class LogHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     config: KernelConfig
 
 
-def export_log(store: ShardStore, out: TextIO, to_position: int | None = None) -> int:
+def export_log(
+    store: ShardStore,
+    out: TextIO,
+    to_position: int | None = None,
+    on_entry: Callable[[int], None] | None = None,
+) -> int:
+    """Write the header and the entries up to `to_position` (default: the log's end);
+    `on_entry(count)` after each entry written (a progress line). Returns the count."""
     last = store.log_last_position if to_position is None else to_position
     header = LogHeader(
         format=LOG_FORMAT,
@@ -54,6 +61,8 @@ def export_log(store: ShardStore, out: TextIO, to_position: int | None = None) -
     for entry in store.iter_log(store.log_info.floor, last):
         out.write(entry_to_json(entry).decode() + "\n")
         count += 1
+        if on_entry is not None:
+            on_entry(count)
     return count
 
 

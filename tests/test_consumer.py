@@ -6,7 +6,8 @@ form and `poll`, with and without auto commit. A group's position is durable (a 
 consumer, after a reopen, starts where the last one left), never moves past a record that
 was not handled (an exception or a `break` hands the record out again), and is shared with
 `nereus tail --group`. A consumer waiting for records is woken by the send, not by
-polling; one group and queue has one consumer at a time, in any process.
+polling, whether the send is this process's or another's (`nereus.open_consumer`); one
+group and queue has one consumer at a time, in any process.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from nereus import ConsumerBusy, LocalRecord, Nereus
+from nereus import ConsumerBusy, LocalRecord, Nereus, open_consumer
 from nereus.adapters.cli.main import main as nereus_cli
 from nereus.adapters.clock import SimulatedClock
 from nereus.adapters.local.destination import LocalDestination
 from tests.runtime_harness import T0_MS
+from tests.test_async_consumer import counting_reads, fill, writer_process
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 30.0
@@ -291,3 +293,26 @@ def test_tail_with_a_group_shares_the_librarys_positions(
         assert consumer.committed == 5
         _deliver(n, 1, first=5)
         assert [r.offset for r in consumer.records(idle_timeout_s=0.2)] == [5]
+
+
+def test_a_waiting_sync_consumer_of_another_process_does_not_poll(tmp_path: Path) -> None:
+    fill(tmp_path, "q", 0)
+    with open_consumer(tmp_path, "q", group="g") as c:
+        looks = counting_reads(c._destination)
+        assert c.poll(timeout_s=1.5) == []
+        assert looks[0] <= 3, f"an idle wait of 1.5 s looked {looks[0]} times"
+        writer = writer_process(tmp_path, 3, 1.0)
+        got: list[LocalRecord] = []
+        lags_ms: list[float] = []
+        try:
+            looks[0] = 0
+            for record in c.records(limit=3, idle_timeout_s=WAIT_S):
+                got.append(record)
+                lags_ms.append(time.time() * 1000 - record.delivered_at_ms)
+        finally:
+            writer.wait(WAIT_S)
+        assert [r.payload for r in got] == [b"w0", b"w1", b"w2"]
+        assert looks[0] <= 12, f"three wake-ups took {looks[0]} looks"
+        # Written 1 s apart, each is seen when written: a waiter that only re-read every
+        # 5 s (the backstop) would see at least one of the three 3 s late.
+        assert max(lags_ms) < 1_500, lags_ms

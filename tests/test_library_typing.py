@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WRONG = """\
 import asyncio
 from datetime import date, datetime, timedelta
+import nereus
 from nereus import KafkaNereus, Nereus
 
 def main(n: Nereus) -> None:
@@ -38,6 +39,8 @@ def main(n: Nereus) -> None:
     status: int = n.schedule("q", "k", b"x").status  # wrong
     stored: str | None = n.peek("q", "k").payload  # wrong
     n.consumer("q", grup="g")  # wrong
+    nereus.open_consumer("d", "q", "g")  # wrong
+    nereus.open_async_consumer("d", "q", group="g", tenant=1)  # wrong
     KafkaNereus.connect("127.0.0.1:9092", comands_topic="c")  # wrong
     KafkaNereus.connect("127.0.0.1:9092", shards="4")  # wrong
 
@@ -51,7 +54,9 @@ asyncio.run(amain(Nereus.open("d")))
 RIGHT = """\
 import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from nereus import KafkaNereus, Listing, LocalRecord, Nereus, NereusRefused, Peek, Result
+from nereus import AsyncConsumer, open_async_consumer, open_consumer
 
 def main(n: Nereus) -> None:
     r: Result = n.schedule("q", "k", b"x", delay_ms=timedelta(days=7), txn="t-1")
@@ -82,6 +87,21 @@ async def amain(n: Nereus) -> None:
     p = await n.peek_async("q", "k")
     page = await n.list_async("q", limit=5)
     print(r.status, moved.status, gone.status, p.found, page.truncated)
+    async with n.async_consumer("q", group="a") as mine:
+        async for mine_record in mine.records(limit=1):
+            print(mine_record.offset)
+
+def elsewhere() -> None:
+    with open_consumer("d", "q", group="g", tenant="acme", max_batch=10) as consumer:
+        print([record.payload for record in consumer.records(limit=2)])
+
+async def elsewhere_async() -> None:
+    c: AsyncConsumer
+    async with open_async_consumer(Path("d"), "q", group="g", auto_commit=False) as c:
+        async for record in c:
+            got: LocalRecord = record
+            await c.commit(got)
+        print(await c.poll(timeout_s=1.0), c.committed)
 
 def kafka() -> None:
     with KafkaNereus.connect(

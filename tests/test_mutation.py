@@ -38,6 +38,7 @@ KINDS = {
     "H": "which timer a delivery is: the key on every record (issue 32, item 3)",
     "W": "loud on an unbounded clock, and readiness (issue 32, items 1 and 2)",
     "C": "one code list and one result shape (issue 32, item 4)",
+    "U": "consumers at least once, woken across processes (issue 32, item 5)",
 }
 
 

@@ -1,4 +1,9 @@
-"""The `nereus` command."""
+"""The `nereus` command.
+
+Output: commands that print results (schedule, reschedule, cancel, peek, list, tail) print
+readable key: value lines when stdout is a terminal and one JSON object per line otherwise
+(pipes and scripts keep reading JSON); --json or --text chooses. See each command's --help.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from nereus.adapters.cli import serve as servecmd
 from nereus.adapters.cli import store as storecmd
 from nereus.adapters.cli import tail as tailcmd
 from nereus.adapters.cli.modes import apply_file_mode
+from nereus.adapters.cli.output import EXIT_CODES
 from nereus.replay import cli as replay_cli
 from nereus.runtime import compiled
 
@@ -32,7 +38,12 @@ class _Version(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command and option of `nereus`; the docs' CLI reference is rendered from it."""
-    parser = argparse.ArgumentParser(prog="nereus", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="nereus",
+        description=__doc__,
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action=_Version, help="print the version and the build")
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register(sub)

@@ -5,6 +5,9 @@ does (`replay.layout`): its one shard, or in Kafka mode every shard under it (or
 `--shard N` names); a shard store's own directory works too. Exporting several shards
 writes one file per shard, `OUT/shard-N.jsonl`, into the directory `--out` names.
 
+`export` draws a progress line on stderr as `replay` does (`--progress`; by default when
+stderr is a terminal), so a long export is seen to move.
+
 `export` only reads (the store opened read-only), so it runs beside the service that writes
 the store; `snapshot` and `import` write, so they need the store to themselves and are
 refused, naming the holder's pid, while a service has it open (`storage.lock`).
@@ -20,6 +23,7 @@ from typing import Any
 from nereus.adapters.cli.modes import add_file_mode
 from nereus.kernel.model import Obligation, Table
 from nereus.replay.layout import shard_stores
+from nereus.replay.progress import Progress
 from nereus.storage import files
 from nereus.storage.errors import StoreError
 from nereus.storage.jsonl import export_log, import_log
@@ -39,6 +43,12 @@ def register(sub: Any) -> None:
         "shard-N.jsonl files into",
     )
     p.add_argument("--to", type=int, metavar="POSITION", help="last position to export")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     add_file_mode(p)
     p.set_defaults(handler=_guard(_export))
 
@@ -74,8 +84,9 @@ def _guard(fn: Any) -> Any:
 
 def _export(args: argparse.Namespace) -> int:
     stores = shard_stores(args.data, args.shard)
+    progress = sys.stderr.isatty() if args.progress is None else bool(args.progress)
     if len(stores) == 1:
-        _export_one(stores[0].path, args.out, args.to)
+        _export_one(stores[0].path, args.out, args.to, progress, "export")
         return 0
     if not args.out:
         print(
@@ -86,19 +97,24 @@ def _export(args: argparse.Namespace) -> int:
         return 2
     files.make_dirs(args.out)
     for store in stores:
-        _export_one(store.path, os.path.join(args.out, f"{store.name}.jsonl"), args.to)
+        out = os.path.join(args.out, f"{store.name}.jsonl")
+        _export_one(store.path, out, args.to, progress, f"export {store.name}")
     return 0
 
 
-def _export_one(path: str, out: str | None, to: int | None) -> None:
+def _export_one(path: str, out: str | None, to: int | None, progress: bool, label: str) -> None:
     # Read-only: an export runs beside the service that writes the store.
     with ShardStore.open(path, create=False, read_only=True) as store:
+        last = store.log_last_position if to is None else min(to, store.log_last_position)
+        bar = Progress(label, max(last - store.log_info.floor + 1, 0), enabled=progress)
         if out:
             with open(out, "w", encoding="utf-8", opener=files.opener) as f:
-                n = export_log(store, f, to)
+                n = export_log(store, f, to, bar.update)
+            bar.finish()
             print(f"exported {n:,} entries to {out}", file=sys.stderr)
         else:
-            export_log(store, sys.stdout, to)
+            export_log(store, sys.stdout, to, bar.update)
+            bar.finish()
 
 
 def _import(args: argparse.Namespace) -> int:

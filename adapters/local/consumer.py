@@ -26,10 +26,15 @@ record again. `poll()` with auto commit commits what the previous poll returned.
 auto commit the program calls `commit()` itself.
 
 One consumer per group and topic at a time, in any process (a lock file beside the
-environment): two would hand out the same records. Waiting for records blocks on a
-condition the destination's sends notify, without polling, when the records are written by
-this process (the embedded runtime); records written by another process are looked for
-every `OTHER_WRITER_POLL_S`.
+environment): two would hand out the same records. Waiting for records blocks without
+polling: on a condition the destination's sends notify when the records are written by this
+process (the embedded runtime), on a FIFO the writer's sends wake when they are written by
+another (`adapters.local.wake`).
+
+`open_consumer(data_dir, queue, group=...)` is the way in from another process than the one
+that runs the service: it opens the data directory's local destination for reading (no lock
+on the directory: the service keeps it) and closes it with the consumer. `AsyncConsumer`
+(`adapters.local.async_consumer`) is the same consumer for asyncio.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ from nereus.adapters.local.destination import LocalDestination, LocalRecord
 from nereus.adapters.tenant_topics import LOCAL_SEPARATOR, name_ok
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.storage import files
+from nereus.storage.errors import StoreError
+
+# Where `Nereus.open(DIR)` and `nereus serve --data DIR` keep the local destination.
+DESTINATION_DIR = "destination"
 
 # A group name is part of an LMDB key beside the topic (511 bytes at most).
 MAX_GROUP_BYTES = 150
@@ -85,6 +94,8 @@ class LocalConsumer:
         self.auto_commit = auto_commit
         self.max_batch = _count("max_batch", max_batch)
         self._destination = destination
+        # Run at close, after the last commit (an `AsyncConsumer` frees its FIFO).
+        self._on_close: list[Callable[[], None]] = []
         self._lock_fd = _lock(destination.path, self.group, self.topic)
         self._closed = threading.Event()
         try:
@@ -138,6 +149,14 @@ class LocalConsumer:
             offset = record.offset + 1
         self._handled = max(self._handled, offset)
         self._flush()
+
+    def rewind(self) -> None:
+        """Hand out again, from the committed position, every record handed out and not
+        committed (a program that could not handle them wants them back)."""
+        self._check_open()
+        self._next = self._committed
+        self._handled = self._committed
+        self._polled = None
 
     def records(
         self, *, limit: int | None = None, idle_timeout_s: float | None = None
@@ -222,6 +241,8 @@ class LocalConsumer:
             self._closed.set()
             self._destination.wake()
             os.close(self._lock_fd)
+            for hook in self._on_close:
+                hook()
 
     def __enter__(self) -> LocalConsumer:
         return self
@@ -277,6 +298,96 @@ class LocalConsumer:
     def _check_open(self) -> None:
         if self._closed.is_set():
             raise RuntimeError(f"the consumer of {self.topic!r} for {self.group!r} is closed")
+
+
+def open_consumer(
+    data_dir: str | os.PathLike[str],
+    queue: str,
+    *,
+    group: str,
+    tenant: str = DEFAULT_TENANT,
+    auto_commit: bool = True,
+    max_batch: int = DEFAULT_MAX_BATCH,
+) -> LocalConsumer:
+    """A consumer of `tenant`'s `queue` for `group` in the local destination of `data_dir`
+    (the directory of `Nereus.open` or `nereus serve --data`), for a process other than
+    the one that has the directory open: it reads beside the running service and takes
+    no lock on the directory. Same rules as `Nereus.consumer`; closing it closes what it
+    opened. Raises `FileNotFoundError` when `data_dir` has no local destination (the
+    service never ran there, or it delivers to Kafka or Pulsar), `ValueError` when this
+    process itself has `data_dir` open (use that `Nereus`'s `consumer()`: LMDB allows
+    one environment per file and process) and `ConsumerBusy` when the group already has
+    a consumer of the queue."""
+    path = os.path.realpath(destination_path(data_dir))
+    destination = _open_reader(path)
+    try:
+        consumer = LocalConsumer(
+            destination,
+            queue,
+            group=group,
+            tenant=tenant,
+            auto_commit=auto_commit,
+            max_batch=max_batch,
+        )
+    except BaseException:
+        _close_reader(path)
+        raise
+    consumer._on_close.append(lambda: _close_reader(path))
+    return consumer
+
+
+# The destinations `open_consumer` opened in this process, with how many consumers use each:
+# LMDB (and py-lmdb, which refuses it) allows one environment per file and process, so the
+# consumers of one directory share it, and the last one to close closes it.
+_readers: dict[str, tuple[LocalDestination, int]] = {}
+_readers_lock = threading.Lock()
+
+
+def _open_reader(path: str) -> LocalDestination:
+    with _readers_lock:
+        known = _readers.get(path)
+        if known is None:
+            known = (_open_destination(path), 0)
+        destination, users = known
+        _readers[path] = (destination, users + 1)
+        return destination
+
+
+def _open_destination(path: str) -> LocalDestination:
+    try:
+        return LocalDestination(path)
+    except StoreError as exc:
+        # py-lmdb's own refusal, when this process's Nereus has the directory open. (Not
+        # asked of the directory's lock: a probe of it could make a starting service fail.)
+        if "already open in this process" in str(exc.__cause__):
+            raise ValueError(
+                f"this process has {os.path.dirname(path)!r} open (Nereus.open): use its "
+                "consumer() or async_consumer() instead of opening the destination again"
+            ) from exc
+        raise
+
+
+def _close_reader(path: str) -> None:
+    with _readers_lock:
+        destination, users = _readers[path]
+        if users > 1:
+            _readers[path] = (destination, users - 1)
+            return
+        del _readers[path]
+        destination.close()
+
+
+def destination_path(data_dir: str | os.PathLike[str]) -> str:
+    """The local destination of a data directory (it must have one)."""
+    directory = os.fspath(data_dir)
+    path = os.path.join(directory, DESTINATION_DIR)
+    if not os.path.isfile(os.path.join(path, "data.mdb")):
+        raise FileNotFoundError(
+            f"no local destination under {directory!r} (expected {path!r}): give the data "
+            "directory of Nereus.open / nereus serve --data, after it started once; a "
+            "service that delivers to Kafka or Pulsar is read with that broker's client"
+        )
+    return path
 
 
 def _count(name: str, value: object) -> int:

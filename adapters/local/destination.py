@@ -8,7 +8,8 @@ transaction committed with sync, so after `submit` returns each record is either
 there with its offset or not there at all. An index from attempt id
 to (topic, offset) gives exact evidence lookup. Consumers (`adapters.local.consumer`, and
 `nereus tail --group`) keep their positions here too, one per consumer group and topic,
-and are woken by the sends of their own process (`wait_for`).
+and are woken by the sends: those of their own process through a condition, those of
+another process through a FIFO per waiting consumer (`adapters.local.wake`).
 
 The destination is a separate environment from the shard store on purpose: it stands for a
 broker. The shard store never writes here and this never writes there, so "the PUBLISHING
@@ -26,6 +27,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from nereus.adapters.local.wake import UNWAKEABLE_POLL_S, Waker, notify
 from nereus.adapters.tenant_topics import local_topic, split_local_topic
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published
@@ -46,9 +48,6 @@ from nereus.storage.errors import StoreError
 from nereus.storage.lmdbcheck import check_data_file
 
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024 + 64 * 1024
-# How often a consumer looks for records written by another process (a `nereus serve`
-# that a `nereus tail --follow` reads): those sends cannot wake it.
-OTHER_WRITER_POLL_S = 0.1
 
 
 class LocalRecord(msgspec.Struct, frozen=True):
@@ -120,6 +119,8 @@ class LocalDestination:
         # True once a runtime sends through this instance: then every record of the
         # directory is written by this process and wakes its consumers itself.
         self._writer = False
+        # The FIFOs of this instance's waits on another process's sends (`wake` pokes them).
+        self._wakers: set[Waker] = set()
         self._closed = False
 
     def open(self, store_id: str) -> None:
@@ -193,6 +194,8 @@ class LocalDestination:
                     txn.put(topic.encode(), offset.to_bytes(8, "big"), db=self._offsets)
             if next_offsets:
                 self.wake()
+                # Consumers in other processes: after the commit, so none misses it.
+                notify(self.path)
         except lmdb.Error as exc:
             # The transaction did not commit: every record of the batch is definitely absent.
             written = [
@@ -260,16 +263,58 @@ class LocalDestination:
     # Consumers ----------------------------------------------------------------------------
 
     def wake(self) -> None:
-        """Wake every consumer waiting in `wait_for` (new records, or a consumer closing)."""
+        """Wake every consumer of this instance waiting in `wait_for` (new records, or a
+        consumer closing)."""
         with self._arrived:
             self._arrived.notify_all()
+            for waker in self._wakers:
+                waker.wake()
 
     def wait_for(
         self, topic: str, offset: int, timeout_s: float | None, stop: Callable[[], bool]
     ) -> bool:
         """Block until `topic` holds a record at `offset` (True), `timeout_s` passed or
-        `stop()` says so (False). Sends of this process wake the wait; records another
-        process writes are seen within OTHER_WRITER_POLL_S."""
+        `stop()` says so (False). Sends of this process wake the wait through a condition;
+        a process that does not write here waits on a FIFO the writer's sends wake
+        (`adapters.local.wake`)."""
+        if self._writer:
+            return self._wait_here(topic, offset, timeout_s, stop)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            waker = Waker(self.path)
+        except OSError:
+            # No FIFO here (a reader without write permission on the directory, a file
+            # system without FIFOs): look every UNWAKEABLE_POLL_S instead.
+            return self._wait_here(topic, offset, timeout_s, stop, UNWAKEABLE_POLL_S)
+        with self._arrived:
+            self._wakers.add(waker)
+        try:
+            while True:
+                waker.drain()
+                with self._arrived:
+                    # `close` takes this lock too: the environment is open while it is held.
+                    if stop() or self._closed:
+                        return False
+                    if self.end_offset(topic) > offset:
+                        return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                waker.wait(left)
+        finally:
+            with self._arrived:
+                self._wakers.discard(waker)
+            waker.close()
+
+    def _wait_here(
+        self,
+        topic: str,
+        offset: int,
+        timeout_s: float | None,
+        stop: Callable[[], bool],
+        poll_s: float | None = None,
+    ) -> bool:
+        """Wait on the condition this process's sends notify (and look every `poll_s`)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._arrived:
             while True:
@@ -281,9 +326,14 @@ class LocalDestination:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                if not self._writer:
-                    left = OTHER_WRITER_POLL_S if left is None else min(left, OTHER_WRITER_POLL_S)
+                if poll_s is not None:
+                    left = poll_s if left is None else min(left, poll_s)
                 self._arrived.wait(left)
+
+    def topics(self) -> list[str]:
+        """Every topic that ever held a record, in byte order."""
+        with self._env.begin() as txn, txn.cursor(db=self._offsets) as cursor:
+            return [bytes(key).decode() for key, _ in cursor]
 
     def committed(self, group: str, topic: str) -> int | None:
         """The next offset `group` is to read from `topic`, or None if it never committed."""
@@ -301,6 +351,8 @@ class LocalDestination:
         with self._arrived:
             self._closed = True
             self._arrived.notify_all()
+            for waker in self._wakers:
+                waker.wake()
             self._env.close()
 
 

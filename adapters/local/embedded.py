@@ -44,6 +44,7 @@ from nereus.adapters.clock_bound import (
     library_refusal,
 )
 from nereus.adapters.local.arguments import schedule_record
+from nereus.adapters.local.async_consumer import AsyncConsumer
 from nereus.adapters.local.commands import TimerCommands, await_command
 from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH, LocalConsumer
 from nereus.adapters.local.destination import LocalDestination
@@ -251,6 +252,24 @@ class Nereus(TimerCommands):
         self._consumers = [c for c in self._consumers if not c._closed.is_set()]
         self._consumers.append(consumer)
         return consumer
+
+    def async_consumer(
+        self,
+        queue: str,
+        *,
+        group: str,
+        tenant: str = DEFAULT_TENANT,
+        auto_commit: bool = True,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> AsyncConsumer:
+        """`consumer()` for asyncio: `async with nereus.async_consumer(q, group=g) as c:
+        async for record in c: ...` waits without blocking the loop or holding a thread
+        (`adapters.local.async_consumer`); the same positions and rules."""
+        return AsyncConsumer(
+            self.consumer(
+                queue, group=group, tenant=tenant, auto_commit=auto_commit, max_batch=max_batch
+            )
+        )
 
     # Commands -----------------------------------------------------------------------------
 
