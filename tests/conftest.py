@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from nereus.runtime import compiled
+from tests.shared_broker import shared_use
 
 compiled.from_environment()
 
@@ -29,19 +30,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """How pytest-xdist (`--dist loadgroup`, scripts/test) shares the tests out: a test
-    module runs whole on one worker, in its own order, so a module-scoped fixture (a served
-    directory, a built wheel, a broker of the module's own) is made once; and every test of
-    the shared Pulsar broker runs on one worker, since some pause that broker (SIGSTOP) to
-    make sends time out, which would fail any other test using it at that moment (Kafka tests
-    that pause or stop a broker use one of their own, tests/own_broker.py). Modules with slow
-    tests go first, so that the last module to start is a short one."""
-    for item in items:
-        shared = "pulsar_url" in getattr(item, "fixturenames", ())
-        group = "shared-pulsar" if shared else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Modules with slow tests first, each module's tests in their own order, so that under
+    pytest-xdist (`--dist loadfile`, scripts/test: a module runs whole on one worker, and a
+    module-scoped fixture is made once) the last module to start is a short one."""
     slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_modules)
+
+
+@pytest.fixture(autouse=True)
+def _shared_pulsar_broker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test of the shared Pulsar broker holds it shared while it runs, so that one that
+    pauses it waits for the others (tests/shared_broker.py)."""
+    if "pulsar_url" not in request.fixturenames:
+        yield
+        return
+    with shared_use(request.getfixturevalue("pulsar_url")):
+        yield
 
 
 def pytest_report_header(config: pytest.Config) -> str:

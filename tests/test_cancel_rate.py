@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from nereus.adapters import Nereus
 from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.codes import NAMES_JSON
 from nereus.adapters.http.backend import EmbeddedBackend
 from nereus.adapters.http.shapes import result_json
 from nereus.adapters.local.arguments import cancel_record, schedule_record
@@ -75,7 +76,7 @@ def _body(n: Nereus, key: str, *, through_log: bool) -> dict[str, Any]:
     items = [cancel_record("q", key, txn=f"del-{key}")]
     future = n.runtime.submit(items) if through_log else n.submit(items)
     (outcome,) = future.result(WAIT_S)
-    return result_json(to_result(outcome, "q", key), "cancel")
+    return result_json(to_result(outcome, items[0][0], n.store.config, NAMES_JSON), "cancel")
 
 
 def test_a_finished_timer_gets_the_log_answer_from_the_snapshot(tmp_path: Path) -> None:

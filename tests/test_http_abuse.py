@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from nereus.adapters.codes import NAMES_JSON
 from nereus.adapters.http.contract import MAX_OPERATIONS
 from nereus.adapters.http.shapes import result_json
 from nereus.adapters.local.results import to_result
@@ -104,7 +105,8 @@ def _log_answer(svc: Service, key: str) -> dict[str, Any]:
     runtime's own submit, which never asks the snapshot."""
     record = Cancel("acme", QUEUE, key)
     (outcome,) = svc.nereus.runtime.submit([(record, None)]).result(30)
-    return result_json(to_result(outcome, QUEUE, key), "cancel")
+    config = svc.nereus.store.config
+    return result_json(to_result(outcome, record, config, NAMES_JSON), "cancel")
 
 
 def test_deletes_of_a_finished_key_leave_the_log_where_it_was(tmp_path: Path) -> None:

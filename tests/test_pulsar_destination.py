@@ -34,6 +34,7 @@ from tests.pulsar_env import (
     target,
     unique_topic,
 )
+from tests.shared_broker import paused_alone
 
 __all__ = ["pulsar_admin_url", "pulsar_client", "pulsar_url"]
 
@@ -264,24 +265,26 @@ def test_outcome_classes_come_from_the_clients_real_errors(
         assert refused("bad-name")[0] == "permanent"
 
         # A broker that stops answering past the send timeout: UNKNOWN, and it was written.
-        pid = _broker_pid(pulsar_url)
-        sent_at = now_ms()
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            dest.submit([_send(good, "stalled")], now_ms())
-            stalled = poll_results(dest, 1, 6)["stalled"].result
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        assert isinstance(stalled, Unknown) and stalled.reason == "timeout"
-        # The bulk search finds it (and the good one) in one read of the topic. One made
-        # while the client is still reconnecting to the resumed broker fails incomplete,
-        # and is made again, as the runtime does.
-        lookups = [
-            Lookup("stalled", good, sent_at),
-            Lookup("ok", good, sent_at),
-            Lookup("no", good, sent_at),
-        ]
-        outcome = search_until_complete(dest, lookups, 30)
+        # Paused alone: another worker's test of this broker would fail meanwhile.
+        with paused_alone(pulsar_url):
+            pid = _broker_pid(pulsar_url)
+            sent_at = now_ms()
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                dest.submit([_send(good, "stalled")], now_ms())
+                stalled = poll_results(dest, 1, 6)["stalled"].result
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert isinstance(stalled, Unknown) and stalled.reason == "timeout"
+            # The bulk search finds it (and the good one) in one read of the topic. One made
+            # while the client is still reconnecting to the resumed broker fails incomplete,
+            # and is made again, as the runtime does.
+            lookups = [
+                Lookup("stalled", good, sent_at),
+                Lookup("ok", good, sent_at),
+                Lookup("no", good, sent_at),
+            ]
+            outcome = search_until_complete(dest, lookups, 30)
         assert outcome.complete and set(outcome.found) == {"stalled", "ok"}, outcome
         assert outcome.proof_for(None) is None  # not found never proves absent here
     finally:
