@@ -47,6 +47,9 @@ EXAMPLES = int(os.environ.get("NEREUS_DRAINED_EXAMPLES", "30"))
 BURST = int(os.environ.get("NEREUS_DRAINED_BURST", "24"))
 WAIT_S = 20.0
 
+# What every surface says of a cancel with nothing pending under its key (specs/codes.md).
+ABSENT = "no timer is pending under this key (never scheduled, or no longer pending)"
+
 
 def _wait(what: str, done: Callable[[], bool], n: Nereus) -> None:
     deadline = time.monotonic() + WAIT_S
@@ -100,7 +103,7 @@ def test_a_finished_timer_gets_the_log_answer_from_the_snapshot(tmp_path: Path) 
         (record,) = [r for r in dest.iter_all("q") if r.message_id == fired.message_id]
         stored = n.peek("q", "fired").evidence
         assert stored is not None
-        bare = {"ok": False, "status": "absent", "queue": "q"}
+        bare = {"ok": False, "status": "absent", "code": "absent", "queue": "q", "message": ABSENT}
         expected = {
             "gone": {**bare, "timerKey": "gone", "txn": "del-gone"},
             "short": {**bare, "timerKey": "short", "txn": "del-short"},
@@ -108,6 +111,9 @@ def test_a_finished_timer_gets_the_log_answer_from_the_snapshot(tmp_path: Path) 
             "fired": {
                 "ok": False,
                 "status": "too_late",
+                "code": "too_late",
+                "message": "the timer crossed Publish Admission (attempt "
+                f"{record.attempt_id}): it is being or was delivered",
                 "queue": "q",
                 "timerKey": "fired",
                 "txn": "del-fired",

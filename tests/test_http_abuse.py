@@ -127,7 +127,14 @@ def test_deletes_of_a_finished_key_leave_the_log_where_it_was(tmp_path: Path) ->
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             replies = list(pool.map(delete, ["done"] * FINISHED_DELETES))
-        expected = {"ok": False, "status": "absent", "queue": QUEUE, "timerKey": "done"}
+        expected = {
+            "ok": False,
+            "status": "absent",
+            "code": "absent",
+            "queue": QUEUE,
+            "timerKey": "done",
+            "message": "no timer is pending under this key (never scheduled, or no longer pending)",
+        }
         assert replies == [(200, {**expected, "txn": None})] * FINISHED_DELETES
         assert svc.log_end == end, "a DELETE of a finished key was appended"
         # Every pending timer is still cancelled by the credential whose bucket is empty.

@@ -46,6 +46,11 @@ FLOOD_BATCH = 500
 # and the 99th percentile of a well-behaved client's requests meanwhile.
 RSS_GROWTH_MAX_BYTES = 64 * 1024 * 1024
 GOOD_P99_MAX_S = 0.100
+# On a machine busy with other work (CI, the suite's other workers) the client's requests
+# are slower with or without a flood; the budget then grows with the p99 the same client
+# measured just before the flood, in this run. The old protocol slowed it 20-100-fold (p50
+# 0.25-1.2 s against ~10 ms), far past either bound.
+LOADED_P99_FACTOR = 3.0
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 AUTH = b"Authorization: Bearer acme-all\r\n"
 
@@ -149,6 +154,8 @@ def test_pipelining_floods_that_never_read_hold_bounded_memory_and_slow_nobody(
     proc, port = served
     warm = _Good(port, time.monotonic() + 1.0)
     warm.run()  # the allocator and the code paths of an answer, before the baseline
+    quiet = _Good(port, time.monotonic() + 1.0)
+    quiet.run()  # the same client's requests without a flood, on this machine, now
     time.sleep(0.5)
     before = _rss_bytes(proc.pid)
     deadline = time.monotonic() + FLOOD_S
@@ -176,12 +183,14 @@ def test_pipelining_floods_that_never_read_hold_bounded_memory_and_slow_nobody(
         f"over {sum(flood.connections)} connections in {FLOOD_S:.0f} s; good client "
         f"{len(good.took_s)} requests, p50 {statistics.median(good.took_s) * 1000:.1f} ms, "
         f"p99 {_percentile(good.took_s, 0.99) * 1000:.1f} ms, "
-        f"max {max(good.took_s) * 1000:.1f} ms"
+        f"max {max(good.took_s) * 1000:.1f} ms; without the flood p99 "
+        f"{_percentile(quiet.took_s, 0.99) * 1000:.1f} ms"
     )
     print(figures)
     assert not good.failures, good.failures[:5]
     assert peak - before <= RSS_GROWTH_MAX_BYTES, figures
-    assert _percentile(good.took_s, 0.99) <= GOOD_P99_MAX_S, figures
+    budget_s = max(GOOD_P99_MAX_S, LOADED_P99_FACTOR * _percentile(quiet.took_s, 0.99))
+    assert _percentile(good.took_s, 0.99) <= budget_s, f"{figures}; budget {budget_s * 1000:.1f} ms"
     assert proc.poll() is None, "the server died under the flood"
 
 

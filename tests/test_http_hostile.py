@@ -35,6 +35,7 @@ from tests.http_harness import (
 )
 
 CONNECTIONS = int(os.environ.get("NEREUS_TEST_HTTP_CONNECTIONS", "500"))
+THREADS_SLACK = 8
 SLOW = int(os.environ.get("NEREUS_TEST_HTTP_SLOW", "200"))
 TIMEOUT_S = 1.0  # the header, body and keep-alive timeouts of the service under test
 AUTH = b"Authorization: Bearer acme-all\r\n"
@@ -107,9 +108,12 @@ def test_a_burst_of_concurrent_connections_is_answered_in_full(svc: Service) -> 
             counter.cancel()
 
     before = threading.active_count()
-    assert asyncio.run(burst()) == [200] * CONNECTIONS
-    # Requests wait for their commit as awaitables: no thread per connection or request.
-    assert max(threads) <= before + 2, (before, max(threads))
+    started = time.monotonic()
+    assert asyncio.run(burst()) == [200] * CONNECTIONS, f"{time.monotonic() - started:.1f} s"
+    # Requests wait for their commit as awaitables: no thread per connection or request
+    # (that would be hundreds). A few are allowed: threads of this process that an earlier
+    # test left winding down, or that a library starts on its own, are counted too.
+    assert max(threads) <= before + THREADS_SLACK, (before, max(threads))
 
 
 def test_slowloris_connections_do_not_delay_others_and_are_dropped(svc: Service) -> None:
