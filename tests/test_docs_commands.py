@@ -211,12 +211,17 @@ def test_the_serve_guide_commands_work_as_shown(tmp_path: Path) -> None:
     (serve, *_) = _sh_blocks(ROOT / "README.md", "## The service")
     http, cli = _sh_blocks(ROOT / "docs" / "how-to" / "serve.md", "## Use it")
     session = _run_documented(tmp_path / "data", "DIR", serve, http + cli)
-    posted, peeked, listed, deleted, scheduled, peek, listing, cancel, tail = session.answers
+    answers = session.answers
+    posted, peeked, listed, deleted, scheduled, peek, moved, listing, cancel, tail = answers
     statuses = [r["status"] for r in _ok(posted)["results"]]
     assert statuses == ["scheduled", "absent"]  # a cancel of a key never scheduled
     assert _ok(peeked)["status"] == "SCHEDULED"
     assert [row["timerKey"] for row in _ok(listed)["rows"]] == ["invoice:42"]
     assert _ok(deleted)["status"] == "canceled"
-    for command in (scheduled, peek, listing, cancel, tail):
+    for command in (scheduled, peek, moved, listing, cancel):
         assert command.returncode == 0, (command.args, command.stdout, command.stderr)
     assert '"scheduled"' in scheduled.stdout and '"canceled"' in cancel.stdout
+    assert json.loads(moved.stdout)["results"][0]["status"] == "rescheduled"
+    # The guide's tail follows; without --follow (dropped here) a queue nothing was
+    # delivered to is said, with exit status 4, as the guide's exit-status list says.
+    assert tail.returncode == 4 and "nothing was ever delivered" in tail.stderr, tail
