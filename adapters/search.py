@@ -52,7 +52,7 @@ class SearchWorker:
     handles (`wake` tells it one is done). A subclass does one search in `run_search`,
     watching `stopping` and the handle's `cancelled`; what that raises of `failures` ends
     the search incomplete with the error (logged as `failure_event`), and the worker goes
-    on with the next."""
+    on with the next. Any other exception does the same, logged as an error."""
 
     failures: tuple[type[Exception], ...] = ()
     failure_event = "search_failed"
@@ -111,6 +111,14 @@ class SearchWorker:
             except self.failures as exc:
                 self.log.warning(self.failure_event, error=str(exc))
                 outcome = SearchOutcome({}, complete=False, error=str(exc))
+            except Exception as exc:  # noqa: BLE001
+                # Anything else is a bug or a client error nobody foresaw (a broker call
+                # that timed out). Ending the search incomplete is always safe (it proves
+                # nothing), and the thread must live on: a dead one would leave this
+                # search and every later one unanswered, their attempts open for ever.
+                error = f"{type(exc).__name__}: {exc}"
+                self.log.error(self.failure_event, error=error, unexpected=True)
+                outcome = SearchOutcome({}, complete=False, error=error)
             handle.finish(outcome)
         while not self._queue.empty():
             self._queue.get_nowait().finish(

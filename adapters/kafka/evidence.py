@@ -70,7 +70,8 @@ class EvidenceReader(SearchWorker):
     """The searches of one destination, run one at a time on their own thread, which alone
     uses the consumer."""
 
-    failures = (KafkaException, RuntimeError, ValueError)
+    # TimeoutError: an admin call (list_offsets) not answered within its timeout.
+    failures = (KafkaException, RuntimeError, ValueError, TimeoutError)
     failure_event = "kafka_search_failed"
 
     def __init__(
