@@ -1,10 +1,13 @@
 """Recovery of admitted attempts after a crash, driven tick by tick on real LMDB stores.
 
 The Publish Admission is the point of no return: once it is durable the attempt may be at the
-destination, so a restarted runtime must find out rather than guess. An attempt whose send
-never happened is recorded UNKNOWN (never NOT_PUBLISHED from absence, never re-sent under the
-same attempt id); its message becomes UNCERTAIN and the armed uncertain retry delivers it
-once. An attempt that reached the destination before the crash is resolved PUBLISHED by the
+destination, so a restarted runtime must find out rather than guess. The local destination
+holds its directory's lock, so the restarted one fences the dead writer: an attempt whose
+send never happened is proven absent (NOT_PUBLISHED with the proof) and delivered once by an
+ordinary retry. Through a destination that cannot be fenced (`UnfencedDestination`) the same
+attempt is recorded UNKNOWN (never NOT_PUBLISHED from absence, never re-sent under the same
+attempt id); its message becomes UNCERTAIN and the armed uncertain retry delivers it once. An
+attempt that reached the destination before the crash is resolved PUBLISHED by the
 destination's evidence, and nothing is sent again. Every send in these tests is checked, at
 the moment of the send and in a read transaction of its own, to find its attempt durably
 PUBLISHING in the shard store.
@@ -12,9 +15,11 @@ PUBLISHING in the shard store.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,6 +32,7 @@ from nereus.kernel.model import Attempt, AttemptStatus, Status, Table
 from nereus.kernel.records import Evidence, NotPublished, Published, PublishOutcome, Unknown
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Fence, FinishedSearch, Lookup, Search, SearchOutcome
+from nereus.runtime.settle import Want
 from nereus.storage.store import ShardStore
 from tests.builders import records
 from tests.runtime_harness import T0_MS, CrashBeforeWrite, Harness
@@ -61,11 +67,76 @@ def _admit_and_crash_before_send(h: Harness, keys: list[str]) -> list[str]:
     return attempt_ids
 
 
-def test_admitted_but_unsent_attempts_become_unknown_and_the_uncertain_retry_delivers_once(
+class UnfencedDestination(LocalDestination):
+    """The local destination as a producer that cannot be fenced would be (Kafka's
+    idempotent one): its searches find what is there and prove nothing."""
+
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
+        outcome = super().search(lookups, wake).outcome()
+        return FinishedSearch(msgspec.structs.replace(outcome, fence=None))
+
+
+def test_admitted_but_unsent_attempts_are_proven_absent_at_restart_and_delivered_once(
     tmp_path: Path,
 ) -> None:
     keys = ["a", "b/with/slashes", "c"]
     h = Harness(tmp_path, _clock())
+    first = _admit_and_crash_before_send(h, keys)
+    assert not h.problems, h.problems
+
+    # Restart: the new writer of the destination fences the dead one, and recovery's search
+    # proves every attempt it does not find absent; nothing is re-sent under its id.
+    h.reopen()
+    h.crash_before_write = False
+    fence_id = h.destination.fence_id
+    assert fence_id is not None and fence_id.startswith("local:")
+    sent_before = len(h.sends)
+    h.tick()
+    assert len(h.sends) == sent_before, "recovery re-sent an attempt blindly"
+    for key, attempt_id in zip(keys, first, strict=True):
+        m = h.message(key)
+        assert m.status is Status.SCHEDULED, key  # an ordinary retry, not an uncertain one
+        (attempt,) = h.attempts(m.message_id)
+        assert attempt.status is AttemptStatus.NOT_PUBLISHED
+        assert attempt.fence_id == fence_id  # admitted by the dead writer, same directory
+        (outcome,) = _outcomes(h, attempt_id)
+        proven = outcome.result
+        assert isinstance(proven, NotPublished), proven
+        assert proven.error_code == "absent_after_fence"
+        assert proven.proof is not None and proven.proof.fence_id == fence_id
+    assert h.obligations() == set()
+
+    # The retry is delivered once, under a new attempt id; nothing is ever UNKNOWN.
+    for _ in range(10):
+        h.clock.advance(BACKOFF_MS)
+        h.tick(3)
+    delivered = h.delivered()
+    assert sorted(r.message_id for r in delivered) == sorted(h.message(k).message_id for k in keys)
+    for key, attempt_id in zip(keys, first, strict=True):
+        m = h.message(key)
+        assert m.status is Status.DELIVERED, key
+        old, new = h.attempts(m.message_id)
+        assert old.attempt_id == attempt_id and old.status is AttemptStatus.NOT_PUBLISHED
+        assert new.status is AttemptStatus.PUBLISHED
+        (record,) = [r for r in delivered if r.message_id == m.message_id]
+        assert record.attempt_id == new.attempt_id
+        assert record.delivered_at_ms >= record.deliver_at_ms == m.deliver_at_ms
+    assert not [
+        r
+        for r in records(h.log())
+        if isinstance(r, PublishOutcome) and isinstance(r.result, Unknown)
+    ]
+    assert h.obligations() == set()
+    assert not h.problems, h.problems
+    h.close()
+
+
+def test_admitted_but_unsent_attempts_become_unknown_and_the_uncertain_retry_delivers_once(
+    tmp_path: Path,
+) -> None:
+    """Without a fence, not finding an attempt proves nothing."""
+    keys = ["a", "b/with/slashes", "c"]
+    h = Harness(tmp_path, _clock(), destination_cls=UnfencedDestination)
     first = _admit_and_crash_before_send(h, keys)
     assert not h.problems, h.problems
 
@@ -204,9 +275,10 @@ def test_a_restart_in_the_middle_of_the_loop_keeps_the_committed_outcomes(
     h.close()
 
 
-class LaggingDestination(LocalDestination):
+class LaggingDestination(UnfencedDestination):
     """A destination whose evidence lookup lags behind its writes (like a broker whose
-    replica has not caught up): `find` answers None until `visible` is set."""
+    replica has not caught up): `find` answers None until `visible` is set. A destination
+    whose index lags cannot be fenced: a miss proves nothing."""
 
     visible = False
 
@@ -391,8 +463,49 @@ def test_a_search_never_proves_absence_unless_complete_and_under_the_attempts_fe
     attempt_fence: str | None, search_fence: str | None, complete: bool
 ) -> None:
     fence = Fence(search_fence, T0_MS) if search_fence is not None else None
-    proof = SearchOutcome({}, complete=complete, fence=fence).proof_for(attempt_fence)
+    proof = SearchOutcome({}, complete=complete, fence=fence).proof_for(attempt_fence, "a")
     proves = complete and attempt_fence is not None and attempt_fence == search_fence
     assert (proof is not None) == proves
     if proof is not None:
         assert proof.fence_id == attempt_fence
+
+
+def test_a_runtime_never_proves_absent_an_attempt_admitted_since_its_destination_took_the_lock(
+    tmp_path: Path,
+) -> None:
+    """The runtime's clock runs 10 s ahead of the host's wall clock, so every Admission comes
+    after its destination took the directory's lock: it may be this writer's own, still to be
+    sent. Its send dies before the write; a complete search by the same writer, and the
+    runtime's settling of it, prove nothing. After a restart (the lock taken again, still
+    before that Admission's time) it is UNKNOWN, never proven absent and never looked for in
+    a loop."""
+    clock = SimulatedClock(int(time.time() * 1000) + 10_000, error_ms=ERROR_MS)
+    h = Harness(tmp_path, clock)
+    assert h.schedule("k", b"once", delay_ms=0).code is Code.SCHEDULED
+    h.clock.advance(ERROR_MS)
+    h.crash_before_write = True
+    with pytest.raises(CrashBeforeWrite):
+        h.tick()
+    (send,) = h.sends
+    (attempt,) = h.attempts(h.message("k").message_id)
+    assert attempt.status is AttemptStatus.PUBLISHING
+    assert attempt.fence_id is not None and attempt.fence_id == h.destination.fence_id
+    lookup = Lookup(send.attempt_id, "q", attempt.admitted_at_ms)
+    outcome = h.destination.search([lookup], lambda: None).outcome()
+    assert outcome.complete and outcome.fence is not None and outcome.found == {}
+    assert outcome.proof_for(attempt.fence_id, send.attempt_id) is None
+    recovery = h.runtime.recovery
+    recovery.settler.want([Want(lookup, "attempt", attempt.fence_id)])
+    assert recovery.settle(h.clock.now_ms()) == [], "a live attempt was settled by absence"
+    h.crash()
+
+    h.reopen()
+    h.crash_before_write = False
+    h.tick(3)
+    (attempt,) = h.attempts(h.message("k").message_id)
+    assert attempt.status is AttemptStatus.UNKNOWN
+    assert [type(o.result) for o in _outcomes(h, send.attempt_id)] == [Unknown]
+    assert h.message("k").status is Status.UNCERTAIN
+    assert not h.runtime.settler.busy(), "an unprovable attempt is looked for again and again"
+    assert len(h.sends) == 1
+    h.close()
