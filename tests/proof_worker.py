@@ -5,8 +5,9 @@ of 5 ms) with a local destination that holds its first send: of that batch of ad
 attempts (every one durably PUBLISHING) it writes the first half, prints one JSON line
 `{"written": [...], "unwritten": [...]}` (attempt ids) and never returns, so the test's
 SIGKILL lands with both halves in flight: records written whose outcomes were never
-committed, and attempts never written at all. N timers spread over `QUEUES`, all due at one
-`deliverAt` 1 s after the worker starts scheduling, so one tick admits up to `max_admissions_per_tick` of them.
+committed, and attempts never written at all. N timers spread over `QUEUES`, all due at
+one `deliverAt` 1 s after the worker starts scheduling, so one tick admits up to
+`max_admissions_per_tick` of them.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nereus.adapters.local.consumer import LocalConsumer
 from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.routed import RoutedDestination
 from nereus.runtime.destination import (
@@ -99,7 +98,11 @@ def sends(count: int) -> list[Send]:
 
 def _other_process(program: str, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-c", program, *args], cwd=ROOT, capture_output=True, timeout=WAIT_S
+        [sys.executable, "-c", program, *args],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=WAIT_S,
+        check=False,
     )
 
 

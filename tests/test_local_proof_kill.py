@@ -75,9 +75,9 @@ def test_a_killed_service_proves_its_unwritten_attempts_absent_and_delivers_each
                 a.attempt_id: a for _, a in view.items(Table.ATTEMPTS) if isinstance(a, Attempt)
             }
             open_obligations = sum(1 for _ in view.items(Table.OBLIGATIONS))
-        if len(messages) == TIMERS and all(m.status is Status.DELIVERED for m in messages):
-            if open_obligations == 0:
-                break
+        finished = all(m.status is Status.DELIVERED for m in messages)
+        if len(messages) == TIMERS and finished and open_obligations == 0:
+            break
         assert time.monotonic() < deadline, Counter(m.status for m in messages)
         time.sleep(0.05)
     log = records(nereus.store.iter_log())
