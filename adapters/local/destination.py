@@ -137,7 +137,6 @@ class LocalDestination:
             self._offsets = self._env.open_db(b"offsets")
             self._attempts = self._env.open_db(b"attempts")
             self._positions = self._env.open_db(b"positions")
-            self._meta = self._env.open_db(b"meta")
         except lmdb.Error as exc:
             raise StoreError(path, f"cannot open the local destination: {exc}") from exc
         self._results: list[SendResult] = []
@@ -164,18 +163,20 @@ class LocalDestination:
             return
         lock = lock_directory(self.path)
         try:
+            # Opened by the writer only: a reader never creates a database here.
+            meta = self._env.open_db(b"meta")
             with self._env.begin(write=True) as txn:
-                identity = txn.get(_IDENTITY_KEY, db=self._meta)
+                identity = txn.get(_IDENTITY_KEY, db=meta)
                 if identity is None:
                     identity = uuid.uuid4().hex.encode()
-                    txn.put(_IDENTITY_KEY, identity, db=self._meta)
+                    txn.put(_IDENTITY_KEY, identity, db=meta)
         except lmdb.Error as exc:
             lock.release()
             raise StoreError(self.path, f"cannot record the destination's id: {exc}") from exc
         self._lock = lock
         self.fence_id = FENCE_PREFIX + identity.decode()
         # Taken once the lock is held: every writer before it has gone.
-        self._fence = Fence(self.fence_id, int(time.time() * 1000))
+        self._fence = Fence(self.fence_id, time.time_ns() // 1_000_000)
 
     @property
     def fence(self) -> Fence | None:
