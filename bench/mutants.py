@@ -694,6 +694,17 @@ STORE_LOCK = (
         ),
         ("tests/test_local_fence.py", "tests/test_runtime_recovery.py"),
     ),
+    Mutant(
+        "O3",
+        "the local destination's search reads its index while a send of its own is half done",
+        "P12 absence only with proof (never of a record a send in progress is writing)",
+        one(
+            "adapters/local/destination.py",
+            "with self._writing:  # no send of this instance is half done while the index is read",
+            "if True:",
+        ),
+        ("tests/test_local_fence.py", "tests/test_runtime_recovery.py"),
+    ),
 )
 
 # Issue 31, item 5: sealed at rest, private files.
