@@ -10,9 +10,11 @@ Evidence is searched in bulk (`search`): recovery, reconciliation of UNKNOWN att
 look before an uncertain retry and the look for dead-letter copies hand the destination one
 set of `Lookup`s, and it reads each partition once for all of them, in the background, while
 the runtime goes on. A destination whose producer can be fenced (`fence_id`: Kafka's
-transactional producer) fences it before the search takes its end offsets; then an attempt
-admitted under that fence id and not found by a complete search is definitely absent, and
-the outcome says why (`AbsenceProof`). Without a fence, not finding a record proves nothing.
+transactional producer; the local destination's writer, by its directory's lock) fences it
+before the search takes its end offsets; then an attempt admitted under that fence id and
+not found by a complete search is definitely absent, and the outcome says why
+(`AbsenceProof`), unless the search lists it `unfenced` (the fencing writer may still send
+it itself). Without a fence, not finding a record proves nothing.
 """
 
 from __future__ import annotations
