@@ -692,7 +692,7 @@ STORE_LOCK = (
             "lk.attempt_id for lk in lookups if lk.since_ms >= fence.fenced_at_ms",
             "lk.attempt_id for lk in lookups if lk.since_ms >= fence.fenced_at_ms + 10**12",
         ),
-        ("tests/test_local_fence.py", "tests/test_runtime_recovery.py"),
+        ("tests/test_local_fence.py", "tests/test_local_fence_runtime.py"),
     ),
     Mutant(
         "O3",
@@ -703,7 +703,7 @@ STORE_LOCK = (
             "with self._writing:  # no send of this instance is half done while the index is read",
             "if True:",
         ),
-        ("tests/test_local_fence.py", "tests/test_runtime_recovery.py"),
+        ("tests/test_local_fence.py", "tests/test_local_fence_runtime.py"),
     ),
 )
 
