@@ -10,9 +10,11 @@ themselves (a Pulsar topic is a full `persistent://` name, a local one never is)
 a topic names exactly one target; a dead-letter topic (`<topic>.dlq`) belongs to the target
 of its topic. Sends and lookups are split by target and each target's results are merged.
 
-No target here can be fenced (the runtime records an Admission's fence id from the
-destination as a whole), so `fence_id` is None and a routed set never proves an attempt
-absent: a fencing destination (Kafka's transactional one) is refused.
+Targets are fenced apart: an attempt's Admission records the fence id of its topic's target
+(`fence_id_for`; the local destination's, once it holds its directory's lock; None for a
+Pulsar target), and a search is each target's own search, so an attempt is proven absent
+only by its own target's fence and a complete read of that target (`SearchOutcome.parts`).
+The set as a whole has no fence (`fence_id` None).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from nereus.runtime.destination import (
     Lookup,
     Search,
     SearchOutcome,
+    SearchPart,
     Send,
     SendResult,
     accepts,
     capability_for,
+    fence_id_for,
 )
 
 
@@ -64,13 +68,11 @@ class RoutedDestination:
         return self.targets[self._target_name(queue, tenant)]
 
     def open(self, store_id: str) -> None:
-        for name, target in self.targets.items():
+        for target in self.targets.values():
             target.open(store_id)
-            if target.fence_id is not None:
-                raise ValueError(
-                    f"target {name!r} fences its producer ({target.fence_id}); a routed set "
-                    "cannot carry its proofs of absence"
-                )
+
+    def fence_id_for(self, topic: str) -> str | None:
+        return fence_id_for(self._owner(topic), topic)
 
     def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
         name = self._target_name(queue, tenant)
@@ -114,7 +116,10 @@ class RoutedDestination:
         for lookup in lookups:
             target = self._owner(lookup.topic)
             by_target.setdefault(id(target), (target, []))[1].append(lookup)
-        parts = [target.search(group, wake) for target, group in by_target.values()]
+        parts = [
+            (frozenset(lk.attempt_id for lk in group), target.search(group, wake))
+            for target, group in by_target.values()
+        ]
         return _AllSearches(parts)
 
     def close(self) -> None:
@@ -123,21 +128,24 @@ class RoutedDestination:
 
 
 class _AllSearches:
-    """One search made of each target's: done when all are, complete when all are."""
+    """One search made of each target's: done when all are, complete when all are; each
+    attempt's proof is the one its own target's search carries."""
 
-    def __init__(self, parts: list[Search]) -> None:
+    def __init__(self, parts: list[tuple[frozenset[str], Search]]) -> None:
         self._parts = parts
 
     def done(self) -> bool:
-        return all(part.done() for part in self._parts)
+        return all(part.done() for _, part in self._parts)
 
     def outcome(self) -> SearchOutcome:
         found: dict[str, Evidence] = {}
         complete = True
         errors: list[str] = []
         searched: list[str] = []
-        for part in self._parts:
+        parts: list[SearchPart] = []
+        for attempt_ids, part in self._parts:
             outcome = part.outcome()
+            parts.append(SearchPart(attempt_ids, outcome))
             found.update(outcome.found)
             complete = complete and outcome.complete
             if outcome.error:
@@ -145,9 +153,13 @@ class _AllSearches:
             if outcome.searched:
                 searched.append(outcome.searched)
         return SearchOutcome(
-            found, complete=complete, searched="; ".join(searched), error="; ".join(errors) or None
+            found,
+            complete=complete,
+            searched="; ".join(searched),
+            error="; ".join(errors) or None,
+            parts=tuple(parts),
         )
 
     def cancel(self) -> None:
-        for part in self._parts:
+        for _, part in self._parts:
             part.cancel()

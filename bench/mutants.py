@@ -646,8 +646,9 @@ GUARDS_ISSUE30_A = (
         "P12 absence only with proof (under the attempt's own fence)",
         one(
             "runtime/settle.py",
-            "proof = outcome.proof_for(want.fence_id) if evidence is None else None",
-            "proof = outcome.proof_for(self.destination.fence_id) if evidence is None else None",
+            "proof = outcome.proof_for(want.fence_id, aid) if evidence is None else None",
+            "proof = outcome.proof_for(self.destination.fence_id, aid)"
+            " if evidence is None else None",
         ),
         SETTLE_TESTS,
         quick_tests=(
@@ -699,6 +700,28 @@ STORE_LOCK = (
             "fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
         ),
         ("tests/test_storage_lock.py", "tests/test_store_lock.py"),
+    ),
+    Mutant(
+        "O2",
+        "the local destination proves absent an attempt admitted after it took the lock",
+        "P12 absence only with proof (never of an attempt the fencing writer may still send)",
+        one(
+            "adapters/local/destination.py",
+            "lk.attempt_id for lk in lookups if lk.since_ms >= fence.fenced_at_ms",
+            "lk.attempt_id for lk in lookups if lk.since_ms >= fence.fenced_at_ms + 10**12",
+        ),
+        ("tests/test_local_fence.py", "tests/test_local_fence_runtime.py"),
+    ),
+    Mutant(
+        "O3",
+        "the local destination's search reads its index while a send of its own is half done",
+        "P12 absence only with proof (never of a record a send in progress is writing)",
+        one(
+            "adapters/local/destination.py",
+            "with self._writing:  # no send of this instance is half done while the index is read",
+            "if True:",
+        ),
+        ("tests/test_local_fence.py", "tests/test_local_fence_runtime.py"),
     ),
 )
 

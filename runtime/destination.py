@@ -10,9 +10,11 @@ Evidence is searched in bulk (`search`): recovery, reconciliation of UNKNOWN att
 look before an uncertain retry and the look for dead-letter copies hand the destination one
 set of `Lookup`s, and it reads each partition once for all of them, in the background, while
 the runtime goes on. A destination whose producer can be fenced (`fence_id`: Kafka's
-transactional producer) fences it before the search takes its end offsets; then an attempt
-admitted under that fence id and not found by a complete search is definitely absent, and
-the outcome says why (`AbsenceProof`). Without a fence, not finding a record proves nothing.
+transactional producer; the local destination's writer, by its directory's lock) fences it
+before the search takes its end offsets; then an attempt admitted under that fence id and
+not found by a complete search is definitely absent, and the outcome says why
+(`AbsenceProof`), unless the search lists it `unfenced` (the fencing writer may still send
+it itself). Without a fence, not finding a record proves nothing.
 """
 
 from __future__ import annotations
@@ -143,21 +145,43 @@ class Fence(msgspec.Struct, frozen=True):
 class SearchOutcome(msgspec.Struct, frozen=True):
     """What one search found. `complete`: every partition of every topic looked at was read
     to the end offset it had when the search started (after `fence`, if any); an incomplete
-    search (a bound, an unreachable broker) proves nothing by what it did not find."""
+    search (a bound, an unreachable broker) proves nothing by what it did not find.
+
+    `unfenced`: attempts looked for that the fence does not cover, because the producer
+    that fenced may itself still send them (the local destination's own attempts: see
+    `adapters.local.destination`); never proven absent. `parts`: a search made of several
+    targets' searches (`adapters.routed`), each with the attempts it looked for: an
+    attempt's proof is its own target's, under that target's fence."""
 
     found: dict[str, Evidence]
     complete: bool
     fence: Fence | None = None
     searched: str = ""  # which partitions were read up to which offsets, for proofs and logs
     error: str | None = None
+    unfenced: frozenset[str] = frozenset()
+    parts: tuple[SearchPart, ...] = ()
 
-    def proof_for(self, fence_id: str | None) -> AbsenceProof | None:
-        """A proof that an attempt sent under `fence_id` and not in `found` is absent, or
-        None where this search proves nothing about it."""
+    def proof_for(self, fence_id: str | None, attempt_id: str) -> AbsenceProof | None:
+        """A proof that the attempt `attempt_id`, sent under `fence_id` and not in `found`,
+        is absent, or None where this search proves nothing about it."""
+        if self.parts:
+            for part in self.parts:
+                if attempt_id in part.attempt_ids:
+                    return part.outcome.proof_for(fence_id, attempt_id)
+            return None  # no target looked for it
         fence = self.fence
         if fence_id is None or fence is None or fence.fence_id != fence_id or not self.complete:
             return None
+        if attempt_id in self.unfenced:
+            return None
         return AbsenceProof(fence_id, fence.fenced_at_ms, self.searched)
+
+
+class SearchPart(msgspec.Struct, frozen=True):
+    """One target's share of a combined search: the attempts it looked for, what it found."""
+
+    attempt_ids: frozenset[str]
+    outcome: SearchOutcome
 
 
 def proven_absent(proof: AbsenceProof, why: str) -> NotPublished:
@@ -275,6 +299,32 @@ def _per_queue(destination: Destination) -> QueueCapabilities | None:
     if known is None:
         known = _PER_QUEUE[cls] = isinstance(destination, QueueCapabilities)
     return cast(QueueCapabilities, destination) if known else None
+
+
+@runtime_checkable
+class TopicFences(Protocol):
+    """A destination made of targets fenced apart (a routed set): the fence an attempt is
+    sent under is its topic's target's."""
+
+    def fence_id_for(self, topic: str) -> str | None:
+        """The fence id of the producer that sends to `topic` (None: it cannot be fenced)."""
+        ...
+
+
+_PER_TOPIC_FENCE: dict[type, bool] = {}
+
+
+def fence_id_for(destination: Destination, topic: str) -> str | None:
+    """The fence id an attempt sent to `topic` is admitted under (its Admission's
+    `fence_id`): the destination's own, or its target's where its targets are fenced
+    apart."""
+    cls = type(destination)
+    known = _PER_TOPIC_FENCE.get(cls)
+    if known is None:
+        known = _PER_TOPIC_FENCE[cls] = isinstance(destination, TopicFences)
+    if known:
+        return cast(TopicFences, destination).fence_id_for(topic)
+    return destination.fence_id
 
 
 def capability_for(destination: Destination, queue: str, *, tenant: str) -> Capability:

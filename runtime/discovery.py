@@ -30,7 +30,7 @@ from nereus.runtime.claim import Claim
 from nereus.runtime.claims import ClaimTable
 from nereus.runtime.clock import ClockReading
 from nereus.runtime.config import RuntimeConfig
-from nereus.runtime.destination import Destination, accepts, capability_for
+from nereus.runtime.destination import Destination, accepts, capability_for, fence_id_for
 from nereus.runtime.drr import DeficitRoundRobin
 from nereus.runtime.log import Logger
 from nereus.runtime.prepare import PrepareFailure, prepare
@@ -359,5 +359,5 @@ class Discovery:
             capability=message.capability,
             interval=now.interval,
             capacity=Capacity(True, lane_permits=1, bytes_reserved=claim.size_bytes),
-            fence_id=self.destination.fence_id,
+            fence_id=fence_id_for(self.destination, claim.prepared.topic),
         )

@@ -21,7 +21,7 @@ from nereus.kernel.model import Attempt, AttemptStatus, Message, Obligation, Tab
 from nereus.kernel.records import NotPublished, Published, PublishOutcome, Unknown
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.dead_letters import DeadLetters
-from nereus.runtime.destination import Destination, Lookup, proven_absent
+from nereus.runtime.destination import Destination, Lookup, fence_id_for, proven_absent
 from nereus.runtime.log import Logger
 from nereus.runtime.settle import Settled, Settler, Want
 from nereus.storage.base import StoreView
@@ -159,9 +159,12 @@ class Recovery:
             return proven_absent(settled.proof, why)
         if aid not in self.recovering:
             return None  # a live attempt looked for by someone else: its send reports it
-        fenced = attempt.fence_id is not None and attempt.fence_id == self.destination.fence_id
-        if fenced:
-            # Its fence can still prove it absent once a search completes: never guess.
+        fence_id = fence_id_for(self.destination, settled.want.lookup.topic)
+        fenced = attempt.fence_id is not None and attempt.fence_id == fence_id
+        if fenced and not settled.complete:
+            # Its fence can still prove it absent once a search completes: never guess. (A
+            # complete search under its fence that proves nothing never will: the fence does
+            # not cover it, as a local destination's does not cover what it sent itself.)
             again.append(settled.want)
             return None
         return Unknown("send_gate_lost", "the owner restarted before this attempt's outcome")

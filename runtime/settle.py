@@ -124,7 +124,7 @@ class Settler:
         settled: list[Settled] = []
         for aid, want in running.wants.items():
             evidence = outcome.found.get(aid)
-            proof = outcome.proof_for(want.fence_id) if evidence is None else None
+            proof = outcome.proof_for(want.fence_id, aid) if evidence is None else None
             settled.append(
                 Settled(want, evidence, proof, outcome.complete, running.started_ms, outcome.error)
             )

@@ -139,7 +139,9 @@ class FaultProfile:
     find_miss_rate: float  # probability that an evidence lookup misses a present record
     lie_rate: float  # probability of a lie after a result or in a search (see the module)
     # Whether every incarnation's producer can be fenced: a restarted one then proves the
-    # absence of what a complete search does not find (a dead incarnation writes nothing).
+    # absence of what a complete search does not find (a dead incarnation writes nothing),
+    # among the attempts admitted before it started by its clock's reading, as the local
+    # destination does (`adapters.local.destination`): later ones stay unproven (UNKNOWN).
     fenced: bool = False
     calm: bool = False  # the settled phase: every send succeeds, find never misses
     # False: this destination never lies and draws nothing for lies (see `World.edge_faults`).
@@ -189,6 +191,9 @@ class SimDestination:
         self.fence_id: str | None = "sim-producer" if profile.fenced else None
         # Made when the incarnation starts: every earlier one is dead, so fenced.
         self._fence = Fence("sim-producer", clock.true_ms) if profile.fenced else None
+        # As the local destination's fence: it covers only attempts admitted before it, as
+        # the incarnation's clock read then (what was admitted since may be its own).
+        self._fenced_reading_ms = clock.now_ms()
 
     def open(self, store_id: str) -> None:
         pass
@@ -318,7 +323,15 @@ class SimDestination:
                     complete = False
                 continue
             found[lookup.attempt_id] = evidence
-        outcome = SearchOutcome(found, complete=complete, fence=self._fence, searched="sim broker")
+        unfenced: frozenset[str] = frozenset()
+        if self._fence is not None:
+            unfenced = frozenset(
+                lk.attempt_id for lk in lookups if lk.since_ms >= self._fenced_reading_ms
+            )
+            self.stats["search_unfenced"] += len(unfenced)
+        outcome = SearchOutcome(
+            found, complete=complete, fence=self._fence, searched="sim broker", unfenced=unfenced
+        )
         return FinishedSearch(outcome)
 
     def close(self) -> None:

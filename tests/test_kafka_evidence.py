@@ -137,7 +137,7 @@ def test_a_full_read_is_complete_finds_what_is_there_and_proves_the_rest_absent(
     assert set(outcome.found) == {"fill-0-0", last}
     assert outcome.found[last].partition == 1
     assert outcome.found[last].offset == PER_PARTITION - 1
-    proof = outcome.proof_for(FENCE.fence_id)
+    proof = outcome.proof_for(FENCE.fence_id, "never-sent")
     assert proof is not None and proof.fence_id == FENCE.fence_id
 
 
@@ -157,7 +157,7 @@ def test_a_search_cut_short_is_incomplete_and_proves_nothing(
     outcome = _search(reader, lookups, cancel=cut == "cancelled")
     assert not outcome.complete, outcome
     assert outcome.found == {}
-    assert outcome.proof_for(FENCE.fence_id) is None
+    assert outcome.proof_for(FENCE.fence_id, "never-sent") is None
 
 
 def test_a_search_reads_from_the_admission_time_less_the_clock_slack(

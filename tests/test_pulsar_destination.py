@@ -286,7 +286,7 @@ def test_outcome_classes_come_from_the_clients_real_errors(
             ]
             outcome = search_until_complete(dest, lookups, 30)
         assert outcome.complete and set(outcome.found) == {"stalled", "ok"}, outcome
-        assert outcome.proof_for(None) is None  # not found never proves absent here
+        assert outcome.proof_for(None, "no") is None  # not found never proves absent here
     finally:
         dest.close()
 

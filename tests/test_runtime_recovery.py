@@ -1,10 +1,13 @@
 """Recovery of admitted attempts after a crash, driven tick by tick on real LMDB stores.
 
 The Publish Admission is the point of no return: once it is durable the attempt may be at the
-destination, so a restarted runtime must find out rather than guess. An attempt whose send
-never happened is recorded UNKNOWN (never NOT_PUBLISHED from absence, never re-sent under the
-same attempt id); its message becomes UNCERTAIN and the armed uncertain retry delivers it
-once. An attempt that reached the destination before the crash is resolved PUBLISHED by the
+destination, so a restarted runtime must find out rather than guess. The local destination
+holds its directory's lock, so the restarted one fences the dead writer: an attempt whose
+send never happened is proven absent (NOT_PUBLISHED with the proof) and delivered once by an
+ordinary retry. Through a destination that cannot be fenced (`UnfencedDestination`) the same
+attempt is recorded UNKNOWN (never NOT_PUBLISHED from absence, never re-sent under the same
+attempt id); its message becomes UNCERTAIN and the armed uncertain retry delivers it once. An
+attempt that reached the destination before the crash is resolved PUBLISHED by the
 destination's evidence, and nothing is sent again. Every send in these tests is checked, at
 the moment of the send and in a read transaction of its own, to find its attempt durably
 PUBLISHING in the shard store.
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -61,11 +65,76 @@ def _admit_and_crash_before_send(h: Harness, keys: list[str]) -> list[str]:
     return attempt_ids
 
 
-def test_admitted_but_unsent_attempts_become_unknown_and_the_uncertain_retry_delivers_once(
+class UnfencedDestination(LocalDestination):
+    """The local destination as a producer that cannot be fenced would be (Kafka's
+    idempotent one): its searches find what is there and prove nothing."""
+
+    def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
+        outcome = super().search(lookups, wake).outcome()
+        return FinishedSearch(msgspec.structs.replace(outcome, fence=None))
+
+
+def test_admitted_but_unsent_attempts_are_proven_absent_at_restart_and_delivered_once(
     tmp_path: Path,
 ) -> None:
     keys = ["a", "b/with/slashes", "c"]
     h = Harness(tmp_path, _clock())
+    first = _admit_and_crash_before_send(h, keys)
+    assert not h.problems, h.problems
+
+    # Restart: the new writer of the destination fences the dead one, and recovery's search
+    # proves every attempt it does not find absent; nothing is re-sent under its id.
+    h.reopen()
+    h.crash_before_write = False
+    fence_id = h.destination.fence_id
+    assert fence_id is not None and fence_id.startswith("local:")
+    sent_before = len(h.sends)
+    h.tick()
+    assert len(h.sends) == sent_before, "recovery re-sent an attempt blindly"
+    for key, attempt_id in zip(keys, first, strict=True):
+        m = h.message(key)
+        assert m.status is Status.SCHEDULED, key  # an ordinary retry, not an uncertain one
+        (attempt,) = h.attempts(m.message_id)
+        assert attempt.status is AttemptStatus.NOT_PUBLISHED
+        assert attempt.fence_id == fence_id  # admitted by the dead writer, same directory
+        (outcome,) = _outcomes(h, attempt_id)
+        proven = outcome.result
+        assert isinstance(proven, NotPublished), proven
+        assert proven.error_code == "absent_after_fence"
+        assert proven.proof is not None and proven.proof.fence_id == fence_id
+    assert h.obligations() == set()
+
+    # The retry is delivered once, under a new attempt id; nothing is ever UNKNOWN.
+    for _ in range(10):
+        h.clock.advance(BACKOFF_MS)
+        h.tick(3)
+    delivered = h.delivered()
+    assert sorted(r.message_id for r in delivered) == sorted(h.message(k).message_id for k in keys)
+    for key, attempt_id in zip(keys, first, strict=True):
+        m = h.message(key)
+        assert m.status is Status.DELIVERED, key
+        old, new = h.attempts(m.message_id)
+        assert old.attempt_id == attempt_id and old.status is AttemptStatus.NOT_PUBLISHED
+        assert new.status is AttemptStatus.PUBLISHED
+        (record,) = [r for r in delivered if r.message_id == m.message_id]
+        assert record.attempt_id == new.attempt_id
+        assert record.delivered_at_ms >= record.deliver_at_ms == m.deliver_at_ms
+    assert not [
+        r
+        for r in records(h.log())
+        if isinstance(r, PublishOutcome) and isinstance(r.result, Unknown)
+    ]
+    assert h.obligations() == set()
+    assert not h.problems, h.problems
+    h.close()
+
+
+def test_admitted_but_unsent_attempts_become_unknown_and_the_uncertain_retry_delivers_once(
+    tmp_path: Path,
+) -> None:
+    """Without a fence, not finding an attempt proves nothing."""
+    keys = ["a", "b/with/slashes", "c"]
+    h = Harness(tmp_path, _clock(), destination_cls=UnfencedDestination)
     first = _admit_and_crash_before_send(h, keys)
     assert not h.problems, h.problems
 
@@ -204,9 +273,10 @@ def test_a_restart_in_the_middle_of_the_loop_keeps_the_committed_outcomes(
     h.close()
 
 
-class LaggingDestination(LocalDestination):
+class LaggingDestination(UnfencedDestination):
     """A destination whose evidence lookup lags behind its writes (like a broker whose
-    replica has not caught up): `find` answers None until `visible` is set."""
+    replica has not caught up): `find` answers None until `visible` is set. A destination
+    whose index lags cannot be fenced: a miss proves nothing."""
 
     visible = False
 
@@ -391,7 +461,7 @@ def test_a_search_never_proves_absence_unless_complete_and_under_the_attempts_fe
     attempt_fence: str | None, search_fence: str | None, complete: bool
 ) -> None:
     fence = Fence(search_fence, T0_MS) if search_fence is not None else None
-    proof = SearchOutcome({}, complete=complete, fence=fence).proof_for(attempt_fence)
+    proof = SearchOutcome({}, complete=complete, fence=fence).proof_for(attempt_fence, "a")
     proves = complete and attempt_fence is not None and attempt_fence == search_fence
     assert (proof is not None) == proves
     if proof is not None:

@@ -16,7 +16,10 @@ drains all due work. Then, reading the stores directly:
 * no record reached the destination before its deliverAt, and every record's attempt is in
   the ledger as PUBLISHED or UNKNOWN (never NOT_PUBLISHED, never missing);
 * no send happened without a durably PUBLISHING attempt (no marker file);
-* a generation delivered more than once had an attempt recorded UNKNOWN;
+* a generation delivered more than once had an attempt recorded UNKNOWN; and no attempt is
+  ever UNKNOWN: the restarted local destination holds its directory's lock, so recovery
+  proves absent every attempt of a killed worker that it does not find (`specs/library.md`,
+  "The local destination's proof of absence"), hence no duplicate either;
 * the client-visible outcomes agree with the stores (a cancel that answered `canceled`
   delivered nothing of that generation; a delivered generation carries the deliverAt its
   schedule answered);
@@ -286,3 +289,4 @@ def test_sigkill_during_a_steady_workload_loses_nothing_and_never_sends_early(
 
     summary = _check(data, seed)
     print(f"seed={seed} iterations={ITERATIONS} {summary}")
+    assert (summary["ever_unknown"], summary["duplicates"]) == (0, 0), f"{where}: {summary}"

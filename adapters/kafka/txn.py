@@ -316,8 +316,13 @@ class TransactionalSender:
                 handle.cancel()
                 return
         outcome = handle.outcome()
-        proof = outcome.proof_for(self.settings.transactional_id)
-        if proof is None and len(outcome.found) < len(lookups):
+        tid = self.settings.transactional_id
+        proofs = {
+            aid: outcome.proof_for(tid, aid)
+            for aid in (o.send.attempt_id for o in self._in_doubt)
+            if aid not in outcome.found
+        }
+        if None in proofs.values():
             self._stop.wait(self.settings.retry_backoff_s)  # try again: never guess
             return
         results: list[SendResult] = []
@@ -327,6 +332,7 @@ class TransactionalSender:
             if evidence is not None:
                 result = Published(evidence)
             else:
+                proof = proofs[out.send.attempt_id]
                 assert proof is not None  # checked above: a send not found needs the proof
                 result = proven_absent(proof, "the transaction did not commit")
             results.append(SendResult.of(out.send, result))

@@ -14,6 +14,31 @@ another process through a FIFO per waiting consumer (`adapters.local.wake`).
 The destination is a separate environment from the shard store on purpose: it stands for a
 broker. The shard store never writes here and this never writes there, so "the PUBLISHING
 record was durable before the send" is a checkable fact, not an accident of one transaction.
+
+One writer at a time, and proofs of absence. A writer (`open`, called by the runtime before
+recovery; `submit` takes it too if nobody called `open`) holds an exclusive `flock` on the
+directory's `LOCK` (`storage.lock`) until `close`; a second writer, in this process or
+another, is refused with `StoreLocked` naming the holder. Readers (consumers, `nereus tail`)
+take no lock. Holding the lock is the local destination's fence: every earlier writer has
+closed or died, and LMDB committed each of its batches whole or not at all, so nothing it
+sent can still appear. The fence id is the directory's own (`local:<id>`, the id written into
+the environment by its first writer), so every Admission the shard store recorded against
+this directory names it, whichever process made it. A search made with the lock held is
+complete and carries `Fence(fence_id, fenced_at_ms)`, `fenced_at_ms` being the wall-clock
+time at which this instance took the lock, and proves absent exactly the attempts whose send
+cannot still land:
+
+* a search and a submit of this instance never overlap (`_writing`): every send begun before
+  the search has committed or failed by the time the index is read;
+* an attempt admitted at or after `fenced_at_ms` (its lookup's `since_ms`, the Admission's
+  persistence time) may be this instance's own, whose send may still come: the search lists
+  it `unfenced` and proves nothing about it. The runtime never sends an attempt it found
+  PUBLISHING at start (no send gate survives a restart), so everything admitted before this
+  instance locked the directory was sent, if at all, by a writer that is gone.
+
+Both times are the host's wall clock. A clock stepped back across a restart can only make an
+earlier writer's attempt look admitted after the lock: it is then left unproven (UNKNOWN, as
+without a fence), never proven wrongly.
 """
 
 from __future__ import annotations
@@ -21,6 +46,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -34,6 +60,7 @@ from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished,
 from nereus.runtime.destination import (
     H_TENANT,
     H_TIMER_KEY,
+    Fence,
     FinishedSearch,
     Lookup,
     Search,
@@ -46,8 +73,12 @@ from nereus.storage import files
 from nereus.storage.codec import decode_struct, encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.lmdbcheck import check_data_file
+from nereus.storage.lock import DirectoryLock, lock_directory
 
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024 + 64 * 1024
+# Where the environment keeps the directory's identity (the fence id's), written once.
+_IDENTITY_KEY = b"identity"
+FENCE_PREFIX = "local:"
 
 
 class LocalRecord(msgspec.Struct, frozen=True):
@@ -82,9 +113,7 @@ class LocalDestination:
 
     name = "local"
     capability: Capability = IMMEDIATE
-    # A crashed writer's batch either committed or left nothing, but the destination itself
-    # does not stop a second sender (only `Nereus.open`'s lock of the data directory does, and
-    # a destination can be opened on its own), so absence is not claimed as proof here.
+    # None until this instance holds the directory's lock (`open`): only then is it fenced.
     fence_id: str | None = None
 
     def __init__(
@@ -122,9 +151,42 @@ class LocalDestination:
         # The FIFOs of this instance's waits on another process's sends (`wake` pokes them).
         self._wakers: set[Waker] = set()
         self._closed = False
+        # The directory's lock while this instance is its writer, and the fence it makes.
+        self._lock: DirectoryLock | None = None
+        self._fence: Fence | None = None
+        # Held by every submit across its write, and by every search across its read.
+        self._writing = threading.Lock()
 
     def open(self, store_id: str) -> None:
+        """Become the directory's writer: take its lock (`StoreLocked` if another writer
+        holds it) and fence every earlier one."""
+        self._take_lock()
         self._writer = True
+
+    def _take_lock(self) -> None:
+        if self._lock is not None:
+            return
+        lock = lock_directory(self.path)
+        try:
+            # Opened by the writer only: a reader never creates a database here.
+            meta = self._env.open_db(b"meta")
+            with self._env.begin(write=True) as txn:
+                identity = txn.get(_IDENTITY_KEY, db=meta)
+                if identity is None:
+                    identity = uuid.uuid4().hex.encode()
+                    txn.put(_IDENTITY_KEY, identity, db=meta)
+        except lmdb.Error as exc:
+            lock.release()
+            raise StoreError(self.path, f"cannot record the destination's id: {exc}") from exc
+        self._lock = lock
+        self.fence_id = FENCE_PREFIX + identity.decode()
+        # Taken once the lock is held: every writer before it has gone.
+        self._fence = Fence(self.fence_id, time.time_ns() // 1_000_000)
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fence this instance made when it took the directory's lock, while it holds it."""
+        return self._fence if self._lock is not None and self._lock.held else None
 
     def max_record_bytes(self, topic: str) -> int:
         return self._max_record_bytes
@@ -135,6 +197,11 @@ class LocalDestination:
     def submit(self, sends: Sequence[Send], now_ms: int) -> None:
         if not sends:
             return
+        self._take_lock()  # records are written by the directory's one writer only
+        with self._writing:
+            self._submit(sends, now_ms)
+
+    def _submit(self, sends: Sequence[Send], now_ms: int) -> None:
         if self._before_send is not None:
             self._before_send(sends)
         written: list[SendResult] = []
@@ -214,13 +281,25 @@ class LocalDestination:
         return results
 
     def search(self, lookups: Sequence[Lookup], wake: Callable[[], None]) -> Search:
-        """Every lookup is an index read: the search is over when it is made."""
+        """Every lookup is an index read: the search is over when it is made. With the lock
+        held it is fenced, and proves absent what it misses among the attempts admitted
+        before the fence (see the module's docstring)."""
         found: dict[str, Evidence] = {}
-        for lookup in lookups:
-            evidence = self.find(lookup.attempt_id, lookup.topic, lookup.since_ms)
-            if evidence is not None:
-                found[lookup.attempt_id] = evidence
-        return FinishedSearch(SearchOutcome(found, complete=True, searched="attempt index"))
+        with self._writing:  # no send of this instance is half done while the index is read
+            fence = self.fence
+            for lookup in lookups:
+                evidence = self.find(lookup.attempt_id, lookup.topic, lookup.since_ms)
+                if evidence is not None:
+                    found[lookup.attempt_id] = evidence
+        unfenced: frozenset[str] = frozenset()
+        if fence is not None:
+            unfenced = frozenset(
+                lk.attempt_id for lk in lookups if lk.since_ms >= fence.fenced_at_ms
+            )
+        outcome = SearchOutcome(
+            found, complete=True, fence=fence, searched="attempt index", unfenced=unfenced
+        )
+        return FinishedSearch(outcome)
 
     def find(self, attempt_id: str, topic: str, since_ms: int) -> Evidence | None:
         with self._env.begin() as txn:
@@ -354,6 +433,8 @@ class LocalDestination:
             for waker in self._wakers:
                 waker.wake()
             self._env.close()
+        if self._lock is not None:
+            self._lock.release()  # last: nothing of the directory is open any more
 
 
 def _names(send: Send) -> tuple[str, str, str | None]:
