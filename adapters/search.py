@@ -111,7 +111,7 @@ class SearchWorker:
             except self.failures as exc:
                 self.log.warning(self.failure_event, error=str(exc))
                 outcome = SearchOutcome({}, complete=False, error=str(exc))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 # Anything else is a bug or a client error nobody foresaw (a broker call
                 # that timed out). Ending the search incomplete is always safe (it proves
                 # nothing), and the thread must live on: a dead one would leave this
