@@ -98,10 +98,13 @@ def test_a_killed_async_consumer_hands_out_again_and_loses_nothing(tmp_path: Pat
     _trapped(_worker(tmp_path, log, 2, "break", trap))
     expected_starts.append(trap)
 
-    # 3: auto commit, killed at a random point of its work.
-    proc = _worker(tmp_path, log, 3, "auto", None)
+    # 3: auto commit, killed at a random point of its work. Its trap, a page before the end,
+    # is only a backstop: on a busy machine the run could otherwise finish every record
+    # between two looks at its log and leave run 4 nothing to hand out again.
+    proc = _worker(tmp_path, log, 3, "auto", RECORDS - MAX_BATCH - 1)
     deadline = time.monotonic() + 60
-    while len(_handled(log).get(3, [])) < rng.randint(30, 150):
+    kill_after = rng.randint(30, 150)
+    while len(_handled(log).get(3, [])) < kill_after:
         assert proc.poll() is None and time.monotonic() < deadline, "run 3 stopped early"
         time.sleep(0.001)
     _kill(proc)
