@@ -21,7 +21,6 @@ import os
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from nereus.adapters.cli.main import main as nereus_cli
@@ -30,6 +29,7 @@ from nereus.adapters.local.destination import LocalDestination, LocalRecord
 from nereus.kernel.keys import message_id
 from nereus.storage.codec import encode_value
 from tests.http_harness import Service, config, schedule, start_service
+from tests.old_records import RecordBeforeTenants
 
 TIMERS = int(os.environ.get("NEREUS_TENANT_TOPIC_TIMERS", "300"))
 QUEUE = "same"
@@ -122,30 +122,12 @@ def test_a_service_without_tenants_keeps_the_plain_queue_topic(tmp_path: Path) -
         assert [r.payload for r in _consume(svc, None)] == [b"mine"]
 
 
-class _RecordBeforeTenants(msgspec.Struct, frozen=True):
-    """A local record as written before records carried their tenant."""
-
-    queue: str
-    offset: int
-    partition: str | None
-    message_id: str
-    generation: int
-    attempt_id: str
-    txn: str
-    deliver_at_ms: int
-    delivered_at_ms: int
-    headers: list[tuple[str, str]]
-    payload: bytes
-    producer_sub: str | None
-    encrypted: bool
-
-
 def test_records_written_before_the_upgrade_stay_in_the_plain_topic_without_a_tenant(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "data" / "destination"
     dest = LocalDestination(str(path))
-    old = _RecordBeforeTenants(
+    old = RecordBeforeTenants(
         QUEUE, 0, None, "m", 1, "m.1.a", "t", 0, 1, [("nereus-txn", "t")], b"old", None, False
     )
     with dest._env.begin(write=True) as txn:

@@ -41,6 +41,7 @@ from nereus.storage.codec import encode_value
 from tests.builders import Shard, schedule
 from tests.http_harness import schedule as http_schedule
 from tests.http_harness import start_service
+from tests.old_records import RecordBeforeKeys
 
 KERNEL = KernelConfig()
 QUEUE = "q"
@@ -173,30 +174,11 @@ def test_tail_prints_the_key_of_what_an_http_service_delivered(
     assert {line["queue"] for line in lines} == {QUEUE}
 
 
-class _RecordBeforeKeys(msgspec.Struct, frozen=True):
-    """A local record as written after records carried their tenant, before their key."""
-
-    queue: str
-    offset: int
-    partition: str | None
-    message_id: str
-    generation: int
-    attempt_id: str
-    txn: str
-    deliver_at_ms: int
-    delivered_at_ms: int
-    headers: list[tuple[str, str]]
-    payload: bytes
-    producer_sub: str | None
-    encrypted: bool
-    tenant: str | None
-
-
 def test_a_record_written_before_records_carried_the_key_reads_with_none(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dest = LocalDestination(str(tmp_path / "data" / "destination"))
-    old = _RecordBeforeKeys(
+    old = RecordBeforeKeys(
         QUEUE, 0, None, "m", 1, "m.1.a", "t", 0, 1, [], b"old", None, False, "default"
     )
     try:

@@ -37,7 +37,12 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import NoReturn
 
-from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH, LocalConsumer, open_consumer
+from nereus.adapters.local.consumer import (
+    DEFAULT_MAX_BATCH,
+    LocalConsumer,
+    check_timeout_s,
+    open_consumer,
+)
 from nereus.adapters.local.destination import LocalRecord
 from nereus.adapters.local.wake import BACKSTOP_S, UNWAKEABLE_POLL_S, Waker
 from nereus.kernel.keys import DEFAULT_TENANT
@@ -159,10 +164,7 @@ class AsyncConsumer:
         """Records from the position on, waiting for some without blocking the loop; what
         was handled is committed before waiting."""
         c = self._c
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
-        ):
-            raise TypeError(f"timeout_s must be a number or None, not {type(timeout_s).__name__}")
+        check_timeout_s(timeout_s)
         if c._closed.is_set():
             return []
         batch = c._destination.read(c.topic, c._next, max_records)

@@ -254,10 +254,7 @@ class LocalConsumer:
         """Records from the position on (not yet handed out), waiting for some; what was
         handled is committed before waiting."""
         max_records = _count("max_records", max_records)
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
-        ):
-            raise TypeError(f"timeout_s must be a number or None, not {type(timeout_s).__name__}")
+        check_timeout_s(timeout_s)
         if self._closed.is_set():
             return []
         batch = self._destination.read(self.topic, self._next, max_records)
@@ -388,6 +385,14 @@ def destination_path(data_dir: str | os.PathLike[str]) -> str:
             "service that delivers to Kafka or Pulsar is read with that broker's client"
         )
     return path
+
+
+def check_timeout_s(timeout_s: object) -> None:
+    """A wait's `timeout_s`: a number of seconds, or None for no limit (not a bool)."""
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
+    ):
+        raise TypeError(f"timeout_s must be a number or None, not {type(timeout_s).__name__}")
 
 
 def _count(name: str, value: object) -> int:
