@@ -1,5 +1,5 @@
 """Render the generated files of `specs/`: the kernel's (`kernel.specdoc`), with the code list
-of `specs/codes.md` followed by the answers every client surface gives (`adapters.codes`).
+of `specs/codes.md` followed by the answers every client surface gives (`service.codes`).
 
 Theory of operation: the kernel cannot import the adapters, so the page that documents both
 the log's verdicts and the client's answers is put together here; `scripts/specgen` writes
@@ -8,8 +8,8 @@ it and `tests/test_specs.py` fails when a committed file differs from this rende
 
 from __future__ import annotations
 
-from nereus.adapters.codes import HTTP_ANSWERS, REFUSAL_ANSWERS, RESULT_ANSWERS, Answer
 from nereus.kernel.specdoc import render_all as render_kernel
+from nereus.service.codes import HTTP_ANSWERS, REFUSAL_ANSWERS, RESULT_ANSWERS, Answer
 
 _INTRO = """
 # Answers to clients (one list for the library, HTTP and the Kafka RPC)

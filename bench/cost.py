@@ -38,12 +38,13 @@ from nereus import kernel as k
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.local.embedded import schedule_record
+from nereus.kernel.records import Appendable
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import PreparedPublish, Send
 from nereus.runtime.shard import ShardRuntime
 from nereus.storage.codec import encode_entry
 from nereus.storage.schema import StoreOptions
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 # Under callgrind no 64 GiB map can be reserved: the children map 1 GiB per environment.
 SMALL_MAP_BYTES = 1 << 30

@@ -38,9 +38,9 @@ from nereus.adapters.kafka.service import KafkaService
 from nereus.adapters.kafka.snapshots import latest_manifest
 from nereus.adapters.kafka.topics import wait_for_leaders
 from nereus.adapters.kafka.wire import Envelope, encode_envelope
-from nereus.adapters.local.arguments import reschedule_record, schedule_record
+from nereus.kernel.records import Appendable
 from nereus.runtime.batching import command_record
-from nereus.storage.store import Appendable
+from nereus.service.arguments import reschedule_record, schedule_record
 
 BATCH = 500
 DAY_MS = 86_400_000

@@ -25,12 +25,12 @@ import time
 from typing import Any
 
 from bench.common import PAYLOAD, T0_MS, write_json
-from nereus.adapters.local.arguments import schedule_record
 from nereus.adapters.local.consumer import LocalConsumer
 from nereus.adapters.local.destination import LocalDestination
 from nereus.kernel.records import LogEntry, encode_entry
 from nereus.runtime.destination import PreparedPublish, Send
 from nereus.runtime.guard import check_items
+from nereus.service.arguments import schedule_record
 
 
 def guard(n: int) -> dict[str, Any]:

@@ -829,7 +829,7 @@ READINESS = (
         "readiness ignores a halted shard",
         "readiness never 200 while an owned shard is halted (specs/http.md)",
         one(
-            "adapters/readiness.py",
+            "service/readiness.py",
             '        return [Reason(SHARD_HALTED, f"halted: {halted}", shard)]',
             "        return []",
         ),
@@ -841,7 +841,7 @@ READINESS = (
         "never start silently on a clock that cannot bound true time; never ready without a "
         "bound (specs/time.md)",
         one(
-            "adapters/clock_bound.py",
+            "service/clock_bound.py",
             "    if clock.interval().bounded:",
             "    if clock.interval().bounded or True:",
         ),
@@ -856,7 +856,7 @@ ONE_CODE_LIST = (
         "a refusal in the library comes back without its words",
         "every refusal says why, in the same words on every surface",
         one(
-            "adapters/local/results.py",
+            "service/results.py",
             "        message=explain(outcome, record, config, names),\n",
             "        message=None,\n",
         ),

@@ -387,6 +387,13 @@ class LogEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     record: Record
 
 
+# What a shard log takes: a record and the payload bytes that travel beside it (the log
+# itself holds only their digest): a schedule's bytes (None when they are not here), or, for
+# a batch of commands, one such value per item.
+Payload = bytes | tuple[bytes | None, ...] | None
+Appendable = tuple[Record, Payload]
+
+
 def record_type(record: Record) -> str:
     """The versioned wire tag of a record, e.g. "SCHEDULE_V1"."""
     return record_type_of(type(record))

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
-    from nereus.adapters.clock_bound import ClockUnbounded
     from nereus.adapters.kafka.library import KafkaNereus
     from nereus.adapters.local.async_consumer import AsyncConsumer, open_async_consumer
     from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer, open_consumer
     from nereus.adapters.local.destination import LocalRecord
     from nereus.adapters.local.embedded import Listing, Nereus, Peek, Result
-    from nereus.adapters.local.results import NereusRefused
     from nereus.runtime.timer_key_header import decode_timer_key
+    from nereus.service.clock_bound import ClockUnbounded
+    from nereus.service.results import NereusRefused
 
 __all__ = [
     "AsyncConsumer",
@@ -58,12 +58,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "ClockUnbounded": "nereus.adapters.clock_bound",
+    "ClockUnbounded": "nereus.service.clock_bound",
     "Nereus": "nereus.adapters.local.embedded",
     "Peek": "nereus.adapters.local.embedded",
     "Result": "nereus.adapters.local.embedded",
     "Listing": "nereus.adapters.local.embedded",
-    "NereusRefused": "nereus.adapters.local.results",
+    "NereusRefused": "nereus.service.results",
     "LocalConsumer": "nereus.adapters.local.consumer",
     "ConsumerBusy": "nereus.adapters.local.consumer",
     "open_consumer": "nereus.adapters.local.consumer",

@@ -50,7 +50,7 @@ import msgspec
 
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.model import ShardMeta
-from nereus.kernel.records import Cancel, LogEntry
+from nereus.kernel.records import Appendable, Cancel, LogEntry
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
 from nereus.runtime.batching import MAX_BATCH_ITEMS, command_record
@@ -60,7 +60,7 @@ from nereus.storage.base import LmdbBase
 from nereus.storage.codec import decode_struct, key_position
 from nereus.storage.errors import lmdb_refusal
 from nereus.storage.schema import SHARD_META_KEY
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 if TYPE_CHECKING:
     from nereus.runtime.shard import ShardRuntime

@@ -20,13 +20,13 @@ from typing import Final
 
 from nereus.kernel.records import (
     COMMAND_TYPES,
+    Appendable,
     CommandBatch,
     PublishAdmission,
     PublishOutcome,
     Record,
     batched,
 )
-from nereus.storage.store import Appendable
 
 MAX_BATCH_ITEMS: Final = 500
 

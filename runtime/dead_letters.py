@@ -20,7 +20,7 @@ from typing import Literal
 
 from nereus.kernel.keys import dead_letter_key, str_key
 from nereus.kernel.model import DeadLetterPending, Message, Table
-from nereus.kernel.records import DeadLetterWritten, NotPublished, Published, Unknown
+from nereus.kernel.records import Appendable, DeadLetterWritten, NotPublished, Published, Unknown
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import (
     DLQ_SUFFIX,
@@ -35,7 +35,7 @@ from nereus.runtime.metrics import Metrics
 from nereus.runtime.prepare import dead_letter_message, prepare_dead_letter
 from nereus.runtime.settle import Settled, Settler, Want
 from nereus.storage.base import StoreView
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 
 @dataclass

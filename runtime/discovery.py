@@ -24,7 +24,14 @@ from typing import Final
 
 from nereus.kernel.keys import lane_id, parse_timeline_key, str_key
 from nereus.kernel.model import Lane, Message, Status, Table, TimelineWork
-from nereus.kernel.records import Capacity, ClaimResult, Expire, PublishAdmission, Record
+from nereus.kernel.records import (
+    Appendable,
+    Capacity,
+    ClaimResult,
+    Expire,
+    PublishAdmission,
+    Record,
+)
 from nereus.kernel.timing import Decision, decide
 from nereus.runtime.claim import Claim
 from nereus.runtime.claims import ClaimTable
@@ -35,7 +42,6 @@ from nereus.runtime.drr import DeficitRoundRobin
 from nereus.runtime.log import Logger
 from nereus.runtime.prepare import PrepareFailure, prepare
 from nereus.storage.base import StoreView
-from nereus.storage.store import Appendable
 
 LaneKey = tuple[str, str]  # (tenant, queue)
 

@@ -33,14 +33,14 @@ from nereus.kernel.effects import (
 )
 from nereus.kernel.keys import str_key
 from nereus.kernel.model import Message, Table
-from nereus.kernel.records import DeadLetterWritten, NotPublished, PublishOutcome
+from nereus.kernel.records import Appendable, DeadLetterWritten, NotPublished, PublishOutcome
 from nereus.runtime.claims import ClaimTable
 from nereus.runtime.dead_letters import DeadLetters
 from nereus.runtime.discovery import Discovery
 from nereus.runtime.log import Logger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.tally import Tally
-from nereus.storage.store import Appendable, Applied, ShardStore
+from nereus.storage.store import Applied, ShardStore
 
 
 class EffectsRunner:

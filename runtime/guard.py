@@ -8,7 +8,7 @@ item here first: it must be a record of the catalogue with bytes or nothing besi
 survive the log's own encoding and decoding, and a schedule's bytes must match the digest and
 size it names (the store refuses a mismatch inside the commit). A refused item raises
 `TypeError`/`ValueError` to its caller and nothing of the submission is queued. The library
-checks its arguments before this (`adapters.local.arguments`), so there this is defence in
+checks its arguments before this (`service.arguments`), so there this is defence in
 depth; whatever else submits records gets the same protection.
 """
 
@@ -20,6 +20,7 @@ from typing import get_args
 import msgspec
 
 from nereus.kernel.records import (
+    Appendable,
     CommandBatch,
     Record,
     Schedule,
@@ -28,7 +29,6 @@ from nereus.kernel.records import (
     record_type,
 )
 from nereus.kernel.validation import payload_matches
-from nereus.storage.store import Appendable
 
 _RECORD_TYPES: tuple[type, ...] = get_args(Record)
 

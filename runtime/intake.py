@@ -27,9 +27,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import COMMAND_TYPES, CommandBatch
+from nereus.kernel.records import COMMAND_TYPES, Appendable, CommandBatch
 from nereus.runtime.errors import Overloaded, RuntimeHalted
-from nereus.storage.store import Appendable
 
 _COMMANDS = frozenset(COMMAND_TYPES)
 # In-flight keys are pruned once there are this many (and then at twice what is left).

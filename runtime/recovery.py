@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from nereus.kernel.keys import attempt_prefix, str_key
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Obligation, Table
-from nereus.kernel.records import NotPublished, Published, PublishOutcome, Unknown
+from nereus.kernel.records import Appendable, NotPublished, Published, PublishOutcome, Unknown
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.dead_letters import DeadLetters
 from nereus.runtime.destination import Destination, Lookup, fence_id_for, proven_absent
 from nereus.runtime.log import Logger
 from nereus.runtime.settle import Settled, Settler, Want
 from nereus.storage.base import StoreView
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 _OPEN = (AttemptStatus.PUBLISHING, AttemptStatus.UNKNOWN)
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import parse_timeline_key
 from nereus.kernel.model import Message, Status
-from nereus.kernel.records import PublishOutcome
+from nereus.kernel.records import Appendable, PublishOutcome
 from nereus.runtime.batching import batch_runs
 from nereus.runtime.claims import ClaimTable
 from nereus.runtime.clock import ClockReading, ClockSource, read_clock
@@ -60,7 +60,7 @@ from nereus.runtime.recovery import Recovery
 from nereus.runtime.settle import Settler
 from nereus.runtime.shardlog import EmbeddedLog, ShardLog, ShardLost
 from nereus.runtime.tally import Gauges
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 # CommandFuture: what `submit` returns, importable from here as before the intake had a module.
 __all__ = ["CommandFuture", "ShardRuntime"]

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from nereus.kernel.records import LogEntry
+from nereus.kernel.records import Appendable, LogEntry
 from nereus.runtime.metrics import Metrics
-from nereus.storage.store import Appendable, Applied, ShardStore
+from nereus.storage.store import Applied, ShardStore
 
 
 class ShardLost(RuntimeError):

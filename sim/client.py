@@ -18,9 +18,8 @@ from collections import Counter
 from typing import NamedTuple
 
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.records import Cancel, LaneGate, Reschedule, Schedule, ShardState
+from nereus.kernel.records import Appendable, Cancel, LaneGate, Reschedule, Schedule, ShardState
 from nereus.sim.destination import MAX_RECORD_BYTES
-from nereus.storage.store import Appendable
 
 TENANTS = ("t0", "t1")
 QUEUES = ("q0", "q1")

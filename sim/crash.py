@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nereus.kernel.effects import Effect
-from nereus.kernel.records import LogEntry
+from nereus.kernel.records import Appendable, LogEntry
 from nereus.runtime.shardlog import EmbeddedLog
-from nereus.storage.store import Appendable, Applied, ShardStore
+from nereus.storage.store import Applied, ShardStore
 
 CRASH_POINTS = (
     "before_commit",

@@ -36,7 +36,14 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import Effect, EntryOutcome, Publish
 from nereus.kernel.keys import parse_timeline_key
 from nereus.kernel.model import Message, Status, Table
-from nereus.kernel.records import LaneGate, Reschedule, Schedule, ShardState, encode_entry
+from nereus.kernel.records import (
+    Appendable,
+    LaneGate,
+    Reschedule,
+    Schedule,
+    ShardState,
+    encode_entry,
+)
 from nereus.kernel.timing import TimingLimits
 from nereus.runtime.clock import ClockReading, read_clock
 from nereus.runtime.config import RuntimeConfig
@@ -50,7 +57,7 @@ from nereus.sim.clock import SimClock
 from nereus.sim.crash import CRASH_POINTS, Faults, SimCrash, SimLog
 from nereus.sim.destination import Broker, FaultProfile, SimDestination
 from nereus.storage.schema import StoreOptions
-from nereus.storage.store import Appendable, Applied, ShardStore
+from nereus.storage.store import Applied, ShardStore
 
 T0_MS = 1_780_000_000_000
 # Short horizons and a small budget, so expiry, backoff and dead-lettering happen within a

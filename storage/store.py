@@ -37,7 +37,15 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import Effect
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
 from nereus.kernel.model import LIVE_STATUSES, Message, ShardMeta, Table, TimelineWork, Value
-from nereus.kernel.records import COMMAND_TYPES, CommandBatch, LogEntry, Record, Schedule
+from nereus.kernel.records import (
+    COMMAND_TYPES,
+    Appendable,
+    CommandBatch,
+    LogEntry,
+    Payload,
+    Record,
+    Schedule,
+)
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
 from nereus.storage.base import LmdbBase, StoreView
@@ -72,10 +80,6 @@ from nereus.storage.schema import (
 
 Applied = tuple[LogEntry, tuple[Effect, ...]]
 MAX_KEY_BYTES = 511  # LMDB's default compile-time key size limit
-# A record and the payload bytes that travel beside it: a schedule's bytes (None when they
-# are not here), or, for a batch of commands, one such value per item.
-Payload = bytes | tuple[bytes | None, ...] | None
-Appendable = tuple[Record, Payload]
 # The records a guarded commit folds as they are (`commit(guarded=True)`).
 _GUARDED_TYPES = (*COMMAND_TYPES, CommandBatch)
 

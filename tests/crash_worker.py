@@ -36,12 +36,12 @@ from nereus import kernel as k
 from nereus.kernel.digest import state_digest
 from nereus.kernel.keys import attempt_prefix, timeline_key
 from nereus.kernel.model import Message, Obligation, PayloadRef, Table, TimelineWork
-from nereus.kernel.records import LogEntry, encode_entry
+from nereus.kernel.records import Appendable, LogEntry, encode_entry
 from nereus.kernel.timing import MIN_TIME_MS
 from nereus.replay.fold import replay
 from nereus.storage.codec import decode_struct, lane_index_key
 from nereus.storage.schema import PayloadBlob, StoreOptions
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 from tests.builders import T0_MS, TENANT
 
 # Small horizons and a small budget so expiry, retries and dead letters happen quickly.

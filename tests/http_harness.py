@@ -32,8 +32,8 @@ from nereus.adapters.metering import RateLimiter
 from nereus.adapters.tenancy import Tenancy, parse_tenancy
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.kernel.records import Appendable
 from nereus.runtime.clock import ClockSource
-from nereus.storage.store import Appendable
 
 QUEUE = "reminders"
 SECRET_QUEUE = "secrets"

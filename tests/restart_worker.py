@@ -25,9 +25,8 @@ from types import FrameType
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.embedded import Nereus, schedule_record
-from nereus.kernel.records import Cancel
+from nereus.kernel.records import Appendable, Cancel
 from nereus.storage.errors import StoreError
-from nereus.storage.store import Appendable
 
 QUEUES = ("alpha", "beta")
 POOL = tuple(f"pool/{i}" for i in range(24))

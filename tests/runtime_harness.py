@@ -26,13 +26,13 @@ from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import attempt_prefix, message_id, str_key
 from nereus.kernel.model import Attempt, Message, Table
-from nereus.kernel.records import LogEntry
+from nereus.kernel.records import Appendable, LogEntry
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Send
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import ShardLog
 from nereus.storage.schema import StoreOptions
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 from tests.service_worker import send_problem
 
 T0_MS = 1_780_000_000_000

@@ -36,10 +36,10 @@ from nereus.adapters.local.embedded import Nereus, schedule_record
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import dead_letter_key, str_key
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
-from nereus.kernel.records import Cancel
+from nereus.kernel.records import Appendable, Cancel
 from nereus.runtime.destination import Send
 from nereus.storage.base import StoreView
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 QUEUES = ("alpha", "beta", "gamma")
 POOL = tuple(f"pool/{i}" for i in range(40))  # reused across runs: upserts and cancels

@@ -35,14 +35,13 @@ from hypothesis import strategies as st
 
 from nereus.adapters import Nereus
 from nereus.adapters.clock import SimulatedClock, SystemClock
-from nereus.adapters.local.arguments import cancel_record, schedule_record
 from nereus.adapters.local.destination import LocalDestination
 from nereus.kernel.digest import state_digest
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import Cancel, ShardState
+from nereus.kernel.records import Appendable, Cancel, ShardState
 from nereus.replay.fold import replay
 from nereus.runtime.intake import CommandFuture, Intake
-from nereus.storage.store import Appendable
+from nereus.service.arguments import cancel_record, schedule_record
 from tests.runtime_harness import T0_MS
 
 CANCELS = int(os.environ.get("NEREUS_ABSENT_CANCELS", "2000"))

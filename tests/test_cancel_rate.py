@@ -32,15 +32,15 @@ from hypothesis import strategies as st
 
 from nereus.adapters import Nereus
 from nereus.adapters.clock import SimulatedClock
-from nereus.adapters.codes import NAMES_JSON
 from nereus.adapters.http.backend import EmbeddedBackend
 from nereus.adapters.http.shapes import result_json
-from nereus.adapters.local.arguments import cancel_record, schedule_record
 from nereus.adapters.local.destination import LocalDestination
-from nereus.adapters.local.results import to_result
 from nereus.kernel.digest import state_digest
 from nereus.kernel.model import TABLES
 from nereus.replay.fold import replay
+from nereus.service.arguments import cancel_record, schedule_record
+from nereus.service.codes import NAMES_JSON
+from nereus.service.results import to_result
 from tests.runtime_harness import T0_MS
 
 EXAMPLES = int(os.environ.get("NEREUS_DRAINED_EXAMPLES", "30"))

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 from nereus import Nereus
-from nereus.adapters.local.arguments import schedule_record
 from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH
 from nereus.adapters.local.destination import LocalDestination
+from nereus.service.arguments import schedule_record
 from tests.worker_process import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent

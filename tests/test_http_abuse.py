@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
-from nereus.adapters.codes import NAMES_JSON
 from nereus.adapters.http.contract import MAX_OPERATIONS
 from nereus.adapters.http.shapes import result_json
-from nereus.adapters.local.results import to_result
 from nereus.kernel.records import Cancel
+from nereus.service.codes import NAMES_JSON
+from nereus.service.results import to_result
 from tests.http_harness import (
     QUEUE,
     Reply,

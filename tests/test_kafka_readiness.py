@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from nereus.adapters.clock import SimulatedClock, SystemClock
-from nereus.adapters.clock_bound import ClockUnbounded
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.kafka.library import KafkaNereus
 from nereus.adapters.kafka.service import KafkaService
 from nereus.adapters.local.embedded import schedule_record
+from nereus.service.clock_bound import ClockUnbounded
 from tests import kafka_env
 from tests.kafka_cluster import Topics, service_config, wait_until
 from tests.kafka_env import create_topic, unique_topic

@@ -33,10 +33,10 @@ from pathlib import Path
 import pytest
 
 from nereus.adapters.clock import SimulatedClock
-from nereus.adapters.local.arguments import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.records import PublishAdmission, PublishAdmissions
 from nereus.runtime.clock import read_clock
+from nereus.service.arguments import schedule_record
 from tests.runtime_harness import T0_MS, Harness
 from tests.serve_process import serve, stop, wait_serving
 

@@ -22,9 +22,9 @@ from nereus.adapters.kafka.siblings import (
     Siblings,
     merge_parts,
 )
-from nereus.adapters.local.results import Peek
 from nereus.kernel.model import Message, Table
 from nereus.runtime.metrics import Metrics
+from nereus.service.results import Peek
 from tests.builders import schedule
 from tests.strategies import drive
 

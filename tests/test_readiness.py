@@ -26,10 +26,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nereus.adapters.clock import SimulatedClock, SyncReport, SystemClock
-from nereus.adapters.clock_bound import ClockUnbounded
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.local.embedded import Nereus, schedule_record
-from nereus.adapters.readiness import answer, clock_reason, shard_reasons
+from nereus.service.clock_bound import ClockUnbounded
+from nereus.service.readiness import answer, clock_reason, shard_reasons
 from nereus.storage.schema import StoreOptions
 from tests.host_clock import EPOCH_NS, ScriptedHost
 from tests.runtime_harness import T0_MS

@@ -4,7 +4,7 @@ says why; `raise_for_status()` raises `NereusRefused`; a peek's payload is bytes
 library and base64 over HTTP. The Kafka RPC's half is `tests/test_kafka_result_codes.py`.
 
 Every expected code and message below is written out here, from the rules in
-`specs/codes.md` and `specs/http.md`, never read from `adapters.codes`. The property at the
+`specs/codes.md` and `specs/http.md`, never read from `service.codes`. The property at the
 end drives the kernel with a fixed opening that reaches every code a command can get, then
 random commands, and checks that every code a command gets is
 documented in `specs/codes.md` with an HTTP status, and that every refusal has a message.
@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 import nereus
 from nereus import NereusRefused, Result
 from nereus import kernel as k
-from nereus.adapters.codes import NAMES_JSON
 from nereus.adapters.http.shapes import result_json
 from nereus.adapters.local.commands import TimerCommands
-from nereus.adapters.local.results import to_result
 from nereus.kernel.records import record_type
+from nereus.service.codes import NAMES_JSON
+from nereus.service.results import to_result
 from tests.builders import DIGEST, QUEUE, T0_MS, TENANT, Shard
 from tests.http_harness import Service, start_service, timer_path
 from tests.strategies import props

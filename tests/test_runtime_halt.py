@@ -18,11 +18,11 @@ from nereus.adapters.clock import SimulatedClock
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.local.embedded import Nereus, schedule_record
 from nereus.kernel.digest import state_digest
+from nereus.kernel.records import Appendable
 from nereus.replay.fold import replay
 from nereus.runtime.errors import RuntimeHalted
 from nereus.runtime.shard import CommandFuture
 from nereus.storage.schema import StoreOptions
-from nereus.storage.store import Appendable
 from tests.runtime_harness import T0_MS
 
 # A store whose LMDB map is smaller than what one round must write fails that round's commit

@@ -37,7 +37,7 @@ from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import EntryOutcome, outcomes_of
-from nereus.kernel.records import Cancel, CommandBatch, LogEntry, Schedule
+from nereus.kernel.records import Appendable, Cancel, CommandBatch, LogEntry, Schedule
 from nereus.kernel.validation import payload_matches
 from nereus.runtime.batching import command_record
 from nereus.runtime.clock import read_clock
@@ -45,7 +45,7 @@ from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
 from nereus.storage.schema import LogSource
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 T0_MS = 1_780_000_000_000
 

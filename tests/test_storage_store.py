@@ -26,6 +26,7 @@ from nereus.kernel.codes import POSITION_CODES
 from nereus.kernel.effects import EntryOutcome, Publish
 from nereus.kernel.keys import timeline_key
 from nereus.kernel.model import AttemptStatus, Table, TimelineWork
+from nereus.kernel.records import Appendable
 from nereus.replay.fold import replay
 from nereus.storage.base import LmdbBase
 from nereus.storage.codec import decode_struct, encode_value, frame
@@ -38,7 +39,7 @@ from nereus.storage.schema import (
     StoreOptions,
 )
 from nereus.storage.snapshot import compact_log, write_snapshot
-from nereus.storage.store import Appendable, Applied, ShardStore
+from nereus.storage.store import Applied, ShardStore
 from tests import strategies
 from tests.builders import DIGEST, OTHER_DIGEST, T0_MS, interval_at, mid, published, schedule
 from tests.crash_worker import CONFIG, Workload, store_problems

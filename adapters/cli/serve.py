@@ -20,7 +20,7 @@ named Pulsar targets, with a certified delayed handoff where a target is configu
 In every mode a host clock that cannot bound true time is refused at start (exit 2), after
 the configuration is checked and before anything is opened or contacted, unless
 `--assume-clock-error-ms N` or `--allow-unbounded-clock` says how (`serve_clock.py`).
-`GET /readyz` says whether the process serves every shard it should (`adapters.readiness`).
+`GET /readyz` says whether the process serves every shard it should (`service.readiness`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The clock of `nereus serve`: refused at start when it cannot bound true time.
 
 Theory of operation: an unbounded clock makes every time decision PAUSE, so a service
-started on one accepts timers and fires none (`adapters.clock_bound`). `nereus serve`
+started on one accepts timers and fires none (`service.clock_bound`). `nereus serve`
 therefore reads the host clock before it opens anything that takes time or resources (after
 the configuration is checked, before the store, the listening socket or a broker) and refuses
 to start, with one `refused` log line and a message for the person at the terminal, unless
@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.clock_bound import CLOCK_UNBOUNDED, cli_refusal, clock_problem
 from nereus.runtime.log import Logger
+from nereus.service.clock_bound import CLOCK_UNBOUNDED, cli_refusal, clock_problem
 
 
 def add_clock_flags(p: Any) -> None:

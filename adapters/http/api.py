@@ -44,8 +44,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from nereus.adapters import crypto, readiness
-from nereus.adapters.codes import NAMES_JSON
+from nereus.adapters import crypto
 from nereus.adapters.errors import ShardNotLocal, Unavailable
 from nereus.adapters.http import routing
 from nereus.adapters.http.auth import Authenticator, Unauthorized
@@ -76,11 +75,12 @@ from nereus.adapters.metering import Blocks, Meter, RateLimiter, Reservation
 from nereus.adapters.tenancy import Principal, Tenancy
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
-from nereus.kernel.records import Cancel, Reschedule
+from nereus.kernel.records import Appendable, Cancel, Reschedule
 from nereus.kernel.validation import check_txn
 from nereus.runtime.errors import Overloaded, RuntimeHalted
 from nereus.runtime.log import Logger
-from nereus.storage.store import Appendable
+from nereus.service import readiness
+from nereus.service.codes import NAMES_JSON
 
 T = TypeVar("T")
 Handler = Callable[[Principal | None, "Request"], Awaitable[Response]]

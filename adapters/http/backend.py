@@ -16,16 +16,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from nereus.adapters.clock_bound import clock_problem
 from nereus.adapters.local.commands import await_command
 from nereus.adapters.local.embedded import Nereus, Peek
-from nereus.adapters.readiness import Reason, clock_reason, shard_reasons
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.model import Message, TenantUsage
+from nereus.kernel.records import Appendable
 from nereus.runtime.metrics import Metrics
-from nereus.storage.store import Appendable
+from nereus.service.clock_bound import clock_problem
+from nereus.service.readiness import Reason, clock_reason, shard_reasons
 
 
 class TimerBackend(Protocol):
@@ -78,7 +78,7 @@ class TimerBackend(Protocol):
     def health(self) -> tuple[bool, dict[str, Any]]: ...
 
     def readiness(self) -> list[Reason]:
-        """Why this process is not ready (`adapters.readiness`): empty when it is."""
+        """Why this process is not ready (`service.readiness`): empty when it is."""
         ...
 
 

@@ -6,7 +6,7 @@ refused), then checked in a fixed order, the kernel's where the kernel has the r
 fields, identity, txn, payload (base64, ceiling, the envelope's room for an encrypted
 queue, whose envelope also seals the headers unless the queue keeps them clear), headers,
 delay, horizon. The first problem refuses the whole batch with its code from the one list
-(`adapters.codes`, the code the library and the kernel give for the same command) and the
+(`service.codes`, the code the library and the kernel give for the same command) and the
 same text, so a bad batch never half-reaches the log.
 """
 
@@ -20,7 +20,13 @@ from typing import Any, TypeVar
 import msgspec
 
 from nereus.adapters import crypto
-from nereus.adapters.codes import (
+from nereus.adapters.http.contract import MAX_OPERATIONS, RESERVED_HEADER_PREFIX, SERVER_OWNED
+from nereus.adapters.http.errors import ApiError
+from nereus.adapters.tenancy import Limits
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.timing import MAX_INSTANT_MS
+from nereus.kernel.validation import check_headers, check_txn
+from nereus.service.codes import (
     NAMES_JSON,
     headers_text,
     horizon_text,
@@ -28,12 +34,6 @@ from nereus.adapters.codes import (
     payload_too_large_text,
     txn_text,
 )
-from nereus.adapters.http.contract import MAX_OPERATIONS, RESERVED_HEADER_PREFIX, SERVER_OWNED
-from nereus.adapters.http.errors import ApiError
-from nereus.adapters.tenancy import Limits
-from nereus.kernel.config import KernelConfig
-from nereus.kernel.timing import MAX_INSTANT_MS
-from nereus.kernel.validation import check_headers, check_txn
 
 
 class _Op(msgspec.Struct, forbid_unknown_fields=True, rename="camel", tag_field="op"):

@@ -4,7 +4,7 @@ Theory of operation: the routes (`adapters.http.routing`, `adapters.http.api`), 
 connection handling (`adapters.http.protocol`) and the OpenAPI document
 (`adapters.http.openapi`) are all built from the constants here, so the document cannot
 promise a code, a status or a limit the service does not have. Adding an error code is a
-protocol change: it goes into the one list of codes, `adapters.codes.CODES` (with its HTTP
+protocol change: it goes into the one list of codes, `service.codes.CODES` (with its HTTP
 status), whose refusals are `ERRORS` here, and into `specs/codes.md`.
 """
 
@@ -14,8 +14,8 @@ from typing import Final, Literal, NamedTuple
 
 import msgspec
 
-from nereus.adapters.codes import CODES
-from nereus.adapters.codes import STATUSES as CODE_STATUSES
+from nereus.service.codes import CODES
+from nereus.service.codes import STATUSES as CODE_STATUSES
 
 # Operations per POST batch.
 MAX_OPERATIONS: Final = 256
@@ -84,7 +84,7 @@ STORAGE_FULL_FRACTION: Final = 0.95
 SERVER_OWNED: Final = frozenset({"producerSub", "messageId", "tenant"})
 RESERVED_HEADER_PREFIX: Final = "nereus-"
 
-# The statuses a result element may carry (`adapters.codes`): "rejected" is a kernel verdict
+# The statuses a result element may carry (`service.codes`): "rejected" is a kernel verdict
 # the edge checks did not make (or that only the kernel can make, such as `txn_reused`); it
 # carries the kernel code in "code".
 STATUSES: Final = CODE_STATUSES
@@ -98,7 +98,7 @@ GRANTS: Final[tuple[Grant, ...]] = ("produce", "read", "admin")
 HINT_HEADER: Final = "x-nereus-timers-hint"
 HINT_VALUE: Final = "DELETE /api/v1/timers/{queue}/{timerKey}"
 
-# code -> (HTTP status, meaning): the codes of the one list (`adapters.codes.CODES`) that
+# code -> (HTTP status, meaning): the codes of the one list (`service.codes.CODES`) that
 # refuse a whole request. Every error body is {"error": {"code", "message"}}.
 ERRORS: Final[dict[str, tuple[int, str]]] = {
     code: (answer.http_status, answer.meaning)

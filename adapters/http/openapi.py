@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from nereus.adapters.codes import COMMAND_CODES
 from nereus.adapters.http.contract import (
     COMMON_ERRORS,
     ERROR_CODES,
@@ -26,9 +25,10 @@ from nereus.adapters.http.contract import (
     STATUSES,
     Route,
 )
-from nereus.adapters.readiness import REASON_CODES
 from nereus.adapters.tenancy import Tenancy
 from nereus.kernel.config import KernelConfig
+from nereus.service.codes import COMMAND_CODES
+from nereus.service.readiness import REASON_CODES
 
 _REF = "#/components/schemas/"
 

@@ -1,7 +1,7 @@
 """The JSON shapes of the answers: a command's result, a peek, a list row.
 
-Theory of operation: a result element is the library's `Result` (`adapters.local.results`)
-in the API's names: exactly one status from the closed list (`adapters.codes.STATUSES`),
+Theory of operation: a result element is the library's `Result` (`service.results`)
+in the API's names: exactly one status from the closed list (`service.codes.STATUSES`),
 `rejected` for a kernel refusal the edge could not foresee (such as `txn_reused`), the code
 from the one list on every element and a human `message` on every refusal. A peek's payload
 is bytes in the library and base64 here.

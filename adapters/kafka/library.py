@@ -34,19 +34,19 @@ from typing import Literal, TypedDict, Unpack
 import msgspec
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.clock_bound import clock_problem, library_refusal
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.adapters.local.commands import TimerCommands
-from nereus.adapters.local.results import Listing, Peek, listing_of, peek_of
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.records import Appendable
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.guard import check_items
 from nereus.runtime.log import Logger
 from nereus.runtime.metrics import Metrics
-from nereus.storage.store import Appendable
+from nereus.service.clock_bound import clock_problem, library_refusal
+from nereus.service.results import Listing, Peek, listing_of, peek_of
 
 
 class KafkaOptions(TypedDict, total=False):

@@ -62,13 +62,13 @@ from nereus.adapters.kafka.wire import (
 )
 from nereus.kernel.effects import EntryOutcome, outcomes_of
 from nereus.kernel.model import Obligation, Table
-from nereus.kernel.records import LogEntry
+from nereus.kernel.records import Appendable, LogEntry, Payload
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shardlog import COMMIT_BUCKETS_S, COMMIT_SECONDS, ShardLost
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import LogSource
-from nereus.storage.store import Appendable, Applied, Payload, ShardStore
+from nereus.storage.store import Applied, ShardStore
 from nereus.storage.transfer import DEFAULT_CHUNK_BYTES
 
 # Records this owner wrote and folded without decoding them (`LogWriter.written`).

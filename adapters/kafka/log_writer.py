@@ -34,10 +34,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from nereus.adapters.kafka.wire import Envelope, Reply, encode_envelope, encode_reply
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.records import Appendable
 from nereus.runtime.log import Logger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shardlog import ShardLost
-from nereus.storage.store import Appendable
 
 if TYPE_CHECKING:
     from nereus.adapters.kafka.log import KafkaLogConfig

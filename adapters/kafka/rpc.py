@@ -35,10 +35,9 @@ from nereus.adapters.kafka.wire import (
     watermarks,
 )
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import encode_record
+from nereus.kernel.records import Appendable, encode_record
 from nereus.runtime.batching import MAX_BATCH_ITEMS, command_record
 from nereus.runtime.errors import Overloaded
-from nereus.storage.store import Appendable
 
 # What a batch envelope needs beyond its items' records and payloads (request id, reply
 # address, framing), and each item beyond its own encoding (array framing, a payload slot).

@@ -33,7 +33,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nereus.adapters.clock_bound import clock_problem
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka import reads
 from nereus.adapters.kafka.config import KafkaServiceConfig
@@ -42,27 +41,28 @@ from nereus.adapters.kafka.rpc import CommandRpc
 from nereus.adapters.kafka.siblings import Part, Siblings, merge_parts
 from nereus.adapters.kafka.topics import ensure_topics
 from nereus.adapters.local.embedded import Peek
-from nereus.adapters.readiness import (
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.kernel.model import Message, TenantUsage
+from nereus.kernel.records import Appendable, Cancel
+from nereus.runtime.clock import ClockSource
+from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.destination import Destination
+from nereus.runtime.log import Logger, NullLogger
+from nereus.runtime.metrics import Metrics
+from nereus.service.clock_bound import clock_problem
+from nereus.service.readiness import (
     OWNERSHIP_UNSETTLED,
     STOPPING,
     Reason,
     clock_reason,
     shard_reasons,
 )
-from nereus.kernel.config import KernelConfig
-from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.keys import DEFAULT_TENANT
-from nereus.kernel.model import Message, TenantUsage
-from nereus.kernel.records import Cancel
-from nereus.runtime.clock import ClockSource
-from nereus.runtime.config import RuntimeConfig
-from nereus.runtime.destination import Destination
-from nereus.runtime.log import Logger, NullLogger
-from nereus.runtime.metrics import Metrics
 from nereus.storage import files
 from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 # KafkaServiceConfig lives in adapters.kafka.config; it is imported from here as before.
 __all__ = ["ENVELOPE_RESERVE_BYTES", "KafkaService", "KafkaServiceConfig"]
@@ -228,7 +228,7 @@ class KafkaService:
         return None if shard is None else shard.store
 
     def readiness(self) -> list[Reason]:
-        """Why this process does not serve every shard it should (`adapters.readiness`)."""
+        """Why this process does not serve every shard it should (`service.readiness`)."""
         reasons: list[Reason] = []
         if self._stop.is_set():
             reasons.append(Reason(STOPPING, "the service is stopping"))

@@ -35,8 +35,8 @@ import msgspec
 
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka import exposition
-from nereus.adapters.local.results import Peek
 from nereus.kernel.model import Message
+from nereus.service.results import Peek
 from nereus.storage import files
 
 TOKEN_ENV = "NEREUS_SIBLING_TOKEN"

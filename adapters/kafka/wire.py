@@ -22,9 +22,8 @@ from confluent_kafka import KafkaException
 
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import message_id
-from nereus.kernel.records import Cancel, CommandBatch, Record, Reschedule, Schedule
+from nereus.kernel.records import Cancel, CommandBatch, Payload, Record, Reschedule, Schedule
 from nereus.kernel.validation import payload_matches
-from nereus.storage.store import Payload
 
 
 class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

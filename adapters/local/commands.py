@@ -4,7 +4,7 @@ and `schedule_async`, ... for asyncio programs. `nereus.Nereus` (one embedded sh
 runs (`_run`, `_run_async`) and how the store is read (`_peek`, `_list`).
 
 Theory of operation: every argument is checked on the caller's side while its record is
-built (`adapters.local.arguments`); a wrong one raises `TypeError`/`ValueError` before
+built (`service.arguments`); a wrong one raises `TypeError`/`ValueError` before
 anything is submitted. A command returns once durable, with the kernel's verdict as a
 `Result`: a refusal by one of the kernel's rules is an answer (`ok` False, `status`
 `rejected`, `code` and `message` saying which rule and why), not an exception, unless the
@@ -20,7 +20,12 @@ import builtins
 import contextlib
 from collections.abc import Sequence
 
-from nereus.adapters.local.arguments import (
+from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.kernel.records import Appendable, Cancel, Reschedule, Schedule
+from nereus.runtime.shard import CommandFuture
+from nereus.service.arguments import (
     Duration,
     Headers,
     Instant,
@@ -33,13 +38,7 @@ from nereus.adapters.local.arguments import (
     schedule_record,
     text,
 )
-from nereus.adapters.local.results import Listing, Peek, Result, to_result
-from nereus.kernel.config import KernelConfig
-from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.keys import DEFAULT_TENANT
-from nereus.kernel.records import Cancel, Reschedule, Schedule
-from nereus.runtime.shard import CommandFuture
-from nereus.storage.store import Appendable
+from nereus.service.results import Listing, Peek, Result, to_result
 
 # Rows per `list` page: the HTTP API's ceiling too.
 LIST_MAX_ROWS = 1000

@@ -45,10 +45,10 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
-from nereus.adapters.local.arguments import integer, text
 from nereus.adapters.local.destination import LocalDestination, LocalRecord
 from nereus.adapters.tenant_topics import LOCAL_SEPARATOR, name_ok
 from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.service.arguments import integer, text
 from nereus.storage import files
 from nereus.storage.errors import StoreError
 

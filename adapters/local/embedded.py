@@ -22,7 +22,7 @@ state, by the kernel's own verdict, without an entry (`runtime.absent`).
 The program receives its timers through `consumer()`, a consumer group's durable position
 in the destination. `run_async()` runs the loop for asyncio users. The data directory has
 one owner: `open` locks it (`storage.lock`, `DIR/LOCK`) until `close`. `start()` refuses a
-clock that cannot bound true time (`adapters.clock_bound`: nothing would fire) with
+clock that cannot bound true time (`service.clock_bound`: nothing would fire) with
 `ClockUnbounded`, unless `allow_unbounded_clock=True` was given at `open`.
 """
 
@@ -37,23 +37,15 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.clock_bound import (
-    CLOCK_UNBOUNDED,
-    ClockUnbounded,
-    clock_problem,
-    library_refusal,
-)
-from nereus.adapters.local.arguments import schedule_record
 from nereus.adapters.local.async_consumer import AsyncConsumer
 from nereus.adapters.local.commands import TimerCommands, await_command
 from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH, LocalConsumer
 from nereus.adapters.local.destination import LocalDestination
-from nereus.adapters.local.results import Listing, Peek, Result, listing_of, peek_of, to_result
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT, message_id
 from nereus.kernel.model import Message, Status, Table
-from nereus.kernel.records import Schedule
+from nereus.kernel.records import Appendable, Schedule
 from nereus.runtime.absent import answer_committed, submit_drained
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
@@ -63,10 +55,18 @@ from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
+from nereus.service.arguments import schedule_record
+from nereus.service.clock_bound import (
+    CLOCK_UNBOUNDED,
+    ClockUnbounded,
+    clock_problem,
+    library_refusal,
+)
+from nereus.service.results import Listing, Peek, Result, listing_of, peek_of, to_result
 from nereus.storage import files
 from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
-from nereus.storage.store import Appendable, ShardStore
+from nereus.storage.store import ShardStore
 
 __all__ = [
     "ClockUnbounded",

@@ -28,8 +28,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import TypedDict
 
 from nereus.kernel.keys import DEFAULT_TENANT
-from nereus.kernel.records import Cancel, Reschedule, Schedule
-from nereus.storage.store import Appendable
+from nereus.kernel.records import Appendable, Cancel, Reschedule, Schedule
 
 Duration = int | timedelta
 Instant = int | datetime

@@ -3,8 +3,8 @@
 `Result.raise_for_status()` raises for a command that was not `ok`.
 
 A `Result` has the shape of an HTTP API result element: `status` from the same closed list
-(`adapters.codes.STATUSES`), `code` from the one list of codes every surface answers
-(`adapters.codes.CODES`, documented in `specs/codes.md`), and on every refusal a human
+(`service.codes.STATUSES`), `code` from the one list of codes every surface answers
+(`service.codes.CODES`, documented in `specs/codes.md`), and on every refusal a human
 `message`, the text the HTTP API gives for the same refusal.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import msgspec
 
-from nereus.adapters.codes import NAMES_PYTHON, OK_CODES, explain, status_of
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.model import Message
 from nereus.kernel.records import Evidence
+from nereus.service.codes import NAMES_PYTHON, OK_CODES, explain, status_of
 
 
 class NereusRefused(Exception):

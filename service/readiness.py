@@ -10,7 +10,7 @@ documented in `specs/http.md`), each naming the shard it concerns where there is
   assignment reached it, or before the service started);
 * an owned shard is recovering (catching up on its log, or reopening after a fence);
 * an owned shard halted (a gap in its log, a failed commit: it needs an operator);
-* the clock cannot bound true time, so no timer would fire (`adapters.clock_bound`);
+* the clock cannot bound true time, so no timer would fire (`service.clock_bound`);
 * the process is stopping.
 
 Each backend gathers its own facts (`EmbeddedBackend.readiness`, `KafkaService.readiness`);
@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
-from nereus.adapters.clock_bound import CLOCK_UNBOUNDED
+from nereus.service.clock_bound import CLOCK_UNBOUNDED
 
 OWNERSHIP_UNSETTLED: Final = "ownership_unsettled"
 SHARD_RECOVERING: Final = "shard_recovering"
@@ -67,7 +67,7 @@ def shard_reasons(shard: int, *, halted: str | None, recovered: bool) -> list[Re
 
 
 def clock_reason(measured: str | None) -> list[Reason]:
-    """The process's clock (`adapters.clock_bound.clock_problem`): None when bounded."""
+    """The process's clock (`service.clock_bound.clock_problem`): None when bounded."""
     if measured is None:
         return []
     return [Reason(CLOCK_UNBOUNDED, f"the clock cannot bound true time ({measured})")]
