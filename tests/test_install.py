@@ -22,7 +22,7 @@ import pytest
 import nereus
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("kernel", "storage", "runtime", "replay", "adapters", "sim")
+LAYERS = ("kernel", "storage", "runtime", "service", "replay", "adapters", "sim")
 PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v")
 DIST_INFO = f"nereus-{nereus.__version__}.dist-info"
 
