@@ -3,7 +3,7 @@ of `specs/codes.md` followed by the answers every client surface gives (`service
 
 Theory of operation: the kernel cannot import the adapters, so the page that documents both
 the log's verdicts and the client's answers is put together here; `scripts/specgen` writes
-it and `tests/test_specs.py` fails when a committed file differs from this rendering.
+it and `tests/project/test_specs.py` fails when a committed file differs from this rendering.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each mutant is a deliberate bug in one of the rules Nereus promises never to bre
 more edits, each an exact snippet of a source file and what replaces it, the promise it
 breaks (RELIABILITY.md's P-numbers), and the tests expected to catch it. A snippet must occur
 exactly once in its file, or the run stops before anything is mutated
-(`tests/test_mutation.py` checks that in every suite run): a refactor that moves or rewrites
+(`tests/project/test_mutation.py` checks that in every suite run): a refactor that moves or rewrites
 the code a mutant targets must retarget the mutant, never silently disable it.
 
 Grouped by where the code lives: the kernel's time rules and lifecycle, the runtime's send
@@ -41,27 +41,27 @@ def one(file: str, snippet: str, replacement: str) -> tuple[Edit, ...]:
 
 # Cheap files first: a full run stops a mutant once two files have caught it.
 KERNEL_TESTS = (
-    "tests/test_timing_props.py",
-    "tests/test_codes.py",
-    "tests/test_runtime_discovery.py",
-    "tests/test_lifecycle_table.py",
-    "tests/test_publish_safety.py",
-    "tests/test_state_machine.py",
-    "tests/test_simulator.py",
+    "tests/kernel/test_timing_props.py",
+    "tests/kernel/test_codes.py",
+    "tests/runtime/test_runtime_discovery.py",
+    "tests/kernel/test_lifecycle_table.py",
+    "tests/kernel/test_publish_safety.py",
+    "tests/kernel/test_state_machine.py",
+    "tests/sim/test_simulator.py",
 )
 RUNTIME_TESTS = (
-    "tests/test_runtime_discovery.py",
-    "tests/test_runtime_recovery.py",
-    "tests/test_embedded_api.py",
-    "tests/test_dead_letters.py",
-    "tests/test_simulator.py",
+    "tests/runtime/test_runtime_discovery.py",
+    "tests/runtime/test_runtime_recovery.py",
+    "tests/adapters/local/test_embedded_api.py",
+    "tests/runtime/test_dead_letters.py",
+    "tests/sim/test_simulator.py",
 )
 STORAGE_TESTS = (
-    "tests/test_storage_steps.py",
-    "tests/test_storage_durability.py",
-    "tests/test_library_durability.py",
-    "tests/test_storage_crash.py",
-    "tests/test_storage_store.py",
+    "tests/storage/test_storage_steps.py",
+    "tests/storage/test_storage_durability.py",
+    "tests/adapters/local/test_library_durability.py",
+    "tests/storage/test_storage_crash.py",
+    "tests/storage/test_storage_store.py",
 )
 
 TIMING = "kernel/timing.py"
@@ -91,7 +91,7 @@ TIME_RULES = (
             "    if interval.latest_ms > expire_at_ms:",
         ),
         KERNEL_TESTS,
-        quick_tests=("tests/test_timing_props.py",),
+        quick_tests=("tests/kernel/test_timing_props.py",),
     ),
     Mutant(
         "T3",
@@ -158,8 +158,8 @@ TIME_RULES = (
             "        return max(tick.now.now_ms, self.clock.now_ms())",
             "        return tick.now.now_ms",
         ),
-        ("tests/test_persistence_time.py", "tests/test_simulator.py"),
-        quick_tests=("tests/test_persistence_time.py",),
+        ("tests/runtime/test_persistence_time.py", "tests/sim/test_simulator.py"),
+        quick_tests=("tests/runtime/test_persistence_time.py",),
     ),
 )
 
@@ -241,10 +241,10 @@ ADMISSION_CHECKS = (
             "    if False:",
         ),
         (
-            "tests/test_cancel_rate.py",
-            "tests/test_http_abuse.py",
-            "tests/test_absent_cancel.py",
-            "tests/test_kafka_cancel_rate.py",
+            "tests/runtime/test_cancel_rate.py",
+            "tests/adapters/http/test_http_abuse.py",
+            "tests/runtime/test_absent_cancel.py",
+            "tests/adapters/kafka/test_kafka_cancel_rate.py",
         ),
     ),
     Mutant(
@@ -348,7 +348,7 @@ LIFECYCLE_ROWS = (
             'AttemptRule("UNKNOWN", "NOT_PUBLISHED", Code.OUTCOME_RECORDED, "NOT_PUBLISHED"),',
         ),
         KERNEL_TESTS,
-        quick_tests=("tests/test_lifecycle_table.py",),
+        quick_tests=("tests/kernel/test_lifecycle_table.py",),
     ),
 )
 
@@ -366,7 +366,7 @@ RUNTIME = (
             "return interval.latest_ms >= action_at_ms",
         ),
         RUNTIME_TESTS,
-        quick_tests=("tests/test_runtime_discovery.py",),
+        quick_tests=("tests/runtime/test_runtime_discovery.py",),
     ),
     Mutant(
         "G2",
@@ -423,7 +423,7 @@ STORAGE = (
         "P3 durable before acted on; acknowledged means durable",
         one(STORE, "            sync=options.sync,", "            sync=False,"),
         STORAGE_TESTS,
-        quick_tests=("tests/test_storage_durability.py",),
+        quick_tests=("tests/storage/test_storage_durability.py",),
     ),
     Mutant(
         "S2",
@@ -488,7 +488,7 @@ STORAGE = (
             ),
         ),
         STORAGE_TESTS,
-        quick_tests=("tests/test_storage_steps.py",),
+        quick_tests=("tests/storage/test_storage_steps.py",),
     ),
 )
 
@@ -500,8 +500,12 @@ BATCHES = (
         "a batch item's effects are dropped when the next item begins",
         "P3/P4 what the log admitted is sent (a batch is its items)",
         one("kernel/step.py", "            self.done.extend(self.effects)\n", ""),
-        ("tests/test_batch_records.py", "tests/test_runtime_discovery.py", *KERNEL_TESTS),
-        quick_tests=("tests/test_batch_records.py",),
+        (
+            "tests/kernel/test_batch_records.py",
+            "tests/runtime/test_runtime_discovery.py",
+            *KERNEL_TESTS,
+        ),
+        quick_tests=("tests/kernel/test_batch_records.py",),
     ),
     Mutant(
         "M2",
@@ -512,7 +516,11 @@ BATCHES = (
             "        return found[1] if found[0] == data else None",
             "        return found[1]",
         ),
-        ("tests/test_storage_memo.py", "tests/test_storage_corrupt.py", *STORAGE_TESTS),
+        (
+            "tests/storage/test_storage_memo.py",
+            "tests/storage/test_storage_corrupt.py",
+            *STORAGE_TESTS,
+        ),
     ),
     Mutant(
         "M3",
@@ -523,15 +531,25 @@ BATCHES = (
             "answers.append(outcomes[entries[at].position][index])",
             "answers.append(outcomes[entries[at].position][0])",
         ),
-        ("tests/test_batch_records.py", "tests/test_http_e2e.py", "tests/test_simulator.py"),
+        (
+            "tests/kernel/test_batch_records.py",
+            "tests/adapters/http/test_http_e2e.py",
+            "tests/sim/test_simulator.py",
+        ),
     ),
 )
 
 # Issue 30, item 5 (rules 5-8): rules an outside review broke without any test noticing.
-CLOCK_TESTS = ("tests/test_runtime_clock.py", "tests/test_clock_props.py")
-SNAPSHOT_TESTS = ("tests/test_storage_snapshot.py", "tests/test_snapshot_durability.py")
-LMDBCHECK_TESTS = ("tests/test_storage_corrupt.py", "tests/test_storage_lmdbcheck.py")
-GRANT_TESTS = ("tests/test_http_auth.py", "tests/test_http_hostile.py")
+CLOCK_TESTS = ("tests/runtime/test_runtime_clock.py", "tests/adapters/test_clock_props.py")
+SNAPSHOT_TESTS = (
+    "tests/storage/test_storage_snapshot.py",
+    "tests/storage/test_snapshot_durability.py",
+)
+LMDBCHECK_TESTS = (
+    "tests/storage/test_storage_corrupt.py",
+    "tests/storage/test_storage_lmdbcheck.py",
+)
+GRANT_TESTS = ("tests/adapters/http/test_http_auth.py", "tests/adapters/http/test_http_hostile.py")
 GUARDS_ISSUE30_B = (
     Mutant(
         "G5",
@@ -543,7 +561,7 @@ GUARDS_ISSUE30_B = (
             "error_ns = sample.error_ns",
         ),
         CLOCK_TESTS,
-        quick_tests=("tests/test_clock_props.py",),
+        quick_tests=("tests/adapters/test_clock_props.py",),
     ),
     Mutant(
         "G5b",
@@ -595,16 +613,19 @@ GUARDS_ISSUE30_B = (
 # G1 and G2 were taken (the send gate), so rules 1 and 2 are G1b and G2b.
 EVIDENCE = "adapters/kafka/evidence.py"
 # The rule without a broker first, then the runtime against the real one.
-SETTLE_TESTS = ("tests/test_runtime_settle.py", "tests/test_kafka_settle.py")
-EVIDENCE_TESTS = ("tests/test_kafka_evidence.py", "tests/test_kafka_settle.py")
+SETTLE_TESTS = ("tests/runtime/test_runtime_settle.py", "tests/adapters/kafka/test_kafka_settle.py")
+EVIDENCE_TESTS = (
+    "tests/adapters/kafka/test_kafka_evidence.py",
+    "tests/adapters/kafka/test_kafka_settle.py",
+)
 GUARDS_ISSUE30_A = (
     Mutant(
         "G1b",
         "an admitted attempt is sent although the shard log no longer proves ownership",
         "P3/P5 a send only while this owner holds the shard (the send lease)",
         one(SHARD, "if ready and self.shard_log.send_allowed():", "if ready:"),
-        ("tests/test_runtime_lease.py", "tests/test_kafka_lease.py"),
-        quick_tests=("tests/test_runtime_lease.py",),
+        ("tests/runtime/test_runtime_lease.py", "tests/adapters/kafka/test_kafka_lease.py"),
+        quick_tests=("tests/runtime/test_runtime_lease.py",),
     ),
     Mutant(
         "G2b",
@@ -618,7 +639,7 @@ GUARDS_ISSUE30_A = (
         ),
         SETTLE_TESTS,
         quick_tests=(
-            "tests/test_runtime_settle.py::"
+            "tests/runtime/test_runtime_settle.py::"
             "test_an_incomplete_search_is_not_the_look_before_an_uncertain_retry",
         ),
     ),
@@ -652,7 +673,7 @@ GUARDS_ISSUE30_A = (
         ),
         SETTLE_TESTS,
         quick_tests=(
-            "tests/test_runtime_settle.py::test_the_settler_keys_every_proof_to_the_attempts_fence",
+            "tests/runtime/test_runtime_settle.py::test_the_settler_keys_every_proof_to_the_attempts_fence",
         ),
     ),
 )
@@ -668,7 +689,10 @@ PULSAR_EVIDENCE = (
             "own_ms = max(sent_ms, publish_ms)",
             "own_ms = publish_ms",
         ),
-        ("tests/test_pulsar_stamps.py", "tests/test_pulsar_evidence.py"),
+        (
+            "tests/adapters/pulsar/test_pulsar_stamps.py",
+            "tests/adapters/pulsar/test_pulsar_evidence.py",
+        ),
     ),
 )
 
@@ -684,7 +708,10 @@ PULSAR_SENDS = (
             "which = (p.topic, reveal_ms is not None)",
             "which = (p.topic, False)",
         ),
-        ("tests/test_pulsar_destination.py", "tests/test_pulsar_mixed_sends.py"),
+        (
+            "tests/adapters/pulsar/test_pulsar_destination.py",
+            "tests/adapters/pulsar/test_pulsar_mixed_sends.py",
+        ),
     ),
 )
 
@@ -699,7 +726,7 @@ STORE_LOCK = (
             "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
             "fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
         ),
-        ("tests/test_storage_lock.py", "tests/test_store_lock.py"),
+        ("tests/storage/test_storage_lock.py", "tests/storage/test_store_lock.py"),
     ),
     Mutant(
         "O2",
@@ -710,7 +737,10 @@ STORE_LOCK = (
             "lk.attempt_id for lk in lookups if lk.since_ms >= fence.fenced_at_ms",
             "lk.attempt_id for lk in lookups if lk.since_ms >= fence.fenced_at_ms + 10**12",
         ),
-        ("tests/test_local_fence.py", "tests/test_local_fence_runtime.py"),
+        (
+            "tests/adapters/local/test_local_fence.py",
+            "tests/adapters/local/test_local_fence_runtime.py",
+        ),
     ),
     Mutant(
         "O3",
@@ -721,7 +751,10 @@ STORE_LOCK = (
             "with self._writing:  # no send of this instance is half done while the index is read",
             "if True:",
         ),
-        ("tests/test_local_fence.py", "tests/test_local_fence_runtime.py"),
+        (
+            "tests/adapters/local/test_local_fence.py",
+            "tests/adapters/local/test_local_fence_runtime.py",
+        ),
     ),
 )
 
@@ -736,7 +769,7 @@ AT_REST = (
             "headers, encrypted = (() if sealed else headers), True",
             "encrypted = True",
         ),
-        ("tests/test_http_encryption.py", "tests/test_file_modes.py"),
+        ("tests/adapters/http/test_http_encryption.py", "tests/storage/test_file_modes.py"),
     ),
     Mutant(
         "Z2",
@@ -747,19 +780,30 @@ AT_REST = (
             "mode=files.file_mode(),  # data.mdb",
             "# data.mdb",
         ),
-        ("tests/test_file_modes.py", "tests/test_cli_data_dirs.py", "tests/test_store_lock.py"),
+        (
+            "tests/storage/test_file_modes.py",
+            "tests/adapters/cli/test_cli_data_dirs.py",
+            "tests/storage/test_store_lock.py",
+        ),
     ),
     Mutant(
         "Z3",
         "directories are made with the process's default mode (0777 less the umask)",
         "what Nereus creates under a data directory is 0600/0700 unless configured",
         one("storage/files.py", "os.mkdir(directory, mode)", "os.mkdir(directory)"),
-        ("tests/test_file_modes.py", "tests/test_cli_data_dirs.py", "tests/test_store_lock.py"),
+        (
+            "tests/storage/test_file_modes.py",
+            "tests/adapters/cli/test_cli_data_dirs.py",
+            "tests/storage/test_store_lock.py",
+        ),
     ),
 )
 
 # Issue 31, item 4: a tenant's deliveries are its own (specs/destinations.md).
-TENANT_TOPIC_TESTS = ("tests/test_tenant_topics.py", "tests/test_http_tenant_topics.py")
+TENANT_TOPIC_TESTS = (
+    "tests/adapters/test_tenant_topics.py",
+    "tests/adapters/http/test_http_tenant_topics.py",
+)
 TENANT_TOPICS = (
     Mutant(
         "N1",
@@ -773,7 +817,7 @@ TENANT_TOPICS = (
             "    return queue",
         ),
         TENANT_TOPIC_TESTS,
-        quick_tests=("tests/test_tenant_topics.py",),
+        quick_tests=("tests/adapters/test_tenant_topics.py",),
     ),
     Mutant(
         "N2",
@@ -784,14 +828,14 @@ TENANT_TOPICS = (
             "if len(users) > 1 and topic not in shared:",
             "if len(users) > 2 and topic not in shared:",
         ),
-        ("tests/test_tenant_topics.py", "tests/test_kafka_config.py"),
+        ("tests/adapters/test_tenant_topics.py", "tests/adapters/kafka/test_kafka_config.py"),
     ),
     Mutant(
         "N3",
         "a delivered record does not name its tenant",
         "P10 every record names its tenant (a shared topic's consumer tells them apart by it)",
         one("runtime/prepare.py", "        (H_TENANT, message.tenant.encode()),\n", ""),
-        (*TENANT_TOPIC_TESTS, "tests/test_simulator.py"),
+        (*TENANT_TOPIC_TESTS, "tests/sim/test_simulator.py"),
     ),
     Mutant(
         "N4",
@@ -802,7 +846,7 @@ TENANT_TOPICS = (
             "return self._reader.search([*lookups, *self._legacy_lookups(lookups)], wake)",
             "return self._reader.search(lookups, wake)",
         ),
-        ("tests/test_tenant_topics.py", "tests/test_kafka_tenants.py"),
+        ("tests/adapters/test_tenant_topics.py", "tests/adapters/kafka/test_kafka_tenants.py"),
     ),
 )
 
@@ -818,11 +862,15 @@ TIMER_KEYS = (
             "        *([] if topic.endswith(DLQ_SUFFIX) else"
             " [(H_TIMER_KEY, encode_timer_key(message.timer_key).encode())]),\n",
         ),
-        ("tests/test_timer_key.py", "tests/test_dead_letters.py", "tests/test_simulator.py"),
+        (
+            "tests/runtime/test_timer_key.py",
+            "tests/runtime/test_dead_letters.py",
+            "tests/sim/test_simulator.py",
+        ),
     ),
 )
 
-READINESS_TESTS = ("tests/test_readiness.py", "tests/test_serve_clock.py")
+READINESS_TESTS = ("tests/service/test_readiness.py", "tests/adapters/cli/test_serve_clock.py")
 READINESS = (
     Mutant(
         "W1",
@@ -833,7 +881,7 @@ READINESS = (
             '        return [Reason(SHARD_HALTED, f"halted: {halted}", shard)]',
             "        return []",
         ),
-        ("tests/test_readiness.py", "tests/test_kafka_readiness.py"),
+        ("tests/service/test_readiness.py", "tests/adapters/kafka/test_kafka_readiness.py"),
     ),
     Mutant(
         "W2",
@@ -860,8 +908,8 @@ ONE_CODE_LIST = (
             "        message=explain(outcome, record, config, names),\n",
             "        message=None,\n",
         ),
-        ("tests/test_result_codes.py", "tests/test_library_fuzz.py"),
-        quick_tests=("tests/test_result_codes.py",),
+        ("tests/service/test_result_codes.py", "tests/service/test_library_fuzz.py"),
+        quick_tests=("tests/service/test_result_codes.py",),
     ),
     Mutant(
         "C2",
@@ -872,7 +920,7 @@ ONE_CODE_LIST = (
             'raise ApiError("invalid_identity", f"{where}: {problem}")',
             'raise ApiError("invalid_operation", f"{where}: {problem}")',
         ),
-        ("tests/test_result_codes.py", "tests/test_http_e2e.py"),
+        ("tests/service/test_result_codes.py", "tests/adapters/http/test_http_e2e.py"),
     ),
 )
 
@@ -888,7 +936,10 @@ CONSUMERS = (
             "        c._handled = max(c._handled, record.offset + 1)\n"
             "        self._out = record\n",
         ),
-        ("tests/test_async_consumer.py", "tests/test_async_consumer_crash.py"),
+        (
+            "tests/adapters/local/test_async_consumer.py",
+            "tests/adapters/local/test_async_consumer_crash.py",
+        ),
     ),
     Mutant(
         "U2",
@@ -899,7 +950,7 @@ CONSUMERS = (
             "                notify(self.path)\n",
             "",
         ),
-        ("tests/test_async_consumer.py", "tests/test_consumer.py"),
+        ("tests/adapters/local/test_async_consumer.py", "tests/adapters/local/test_consumer.py"),
     ),
 )
 

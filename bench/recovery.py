@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import say, write_json
-from tests.kafka_cluster import (
+from tests.support.kafka_cluster import (
     ServiceProc,
     Topics,
     audit,
@@ -44,8 +44,8 @@ from tests.kafka_cluster import (
     schedule_op,
     wait_until,
 )
-from tests.kafka_env import create_topic, unique_topic
-from tests.own_broker import Broker, new_broker
+from tests.support.kafka_env import create_topic, unique_topic
+from tests.support.own_broker import Broker, new_broker
 
 SHARDS = 8
 DEST_PARTITIONS = 8

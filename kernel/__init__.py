@@ -1,7 +1,7 @@
 """Nereus kernel: the pure shard state machine.
 
 `reduce(state, entry) -> (state, effects)` folds the shard log. Nothing in this package
-performs I/O, reads a clock or draws randomness; `tests/test_kernel_purity.py` enforces it.
+performs I/O, reads a clock or draws randomness; `tests/kernel/test_kernel_purity.py` enforces it.
 """
 
 from nereus.kernel.codes import APPLIED_CODES, Code

@@ -65,7 +65,7 @@ def batch(step: Step, r: PublishAdmissions | PublishOutcomes | CommandBatch) -> 
 
 # The one dispatch: the handler of each record type, looked up by exact type. The record
 # union is closed (the decoders yield nothing else), so a type missing here is a broken invariant
-# (tests/test_records.py checks the table covers `Record`), not input to reject.
+# (tests/kernel/test_records.py checks the table covers `Record`), not input to reject.
 HANDLERS: Final[dict[type[Record], Callable[[Step, Any], None]]] = {
     Schedule: commands.schedule,
     Reschedule: commands.reschedule,

@@ -2,7 +2,7 @@
 
 Theory of operation: the lifecycle table, the code list and the invariant list are data in
 the kernel; the docs are rendered from that data so they cannot drift. This module only
-builds strings; `scripts/specgen` writes them and `tests/test_specs.py` fails when a
+builds strings; `scripts/specgen` writes them and `tests/project/test_specs.py` fails when a
 committed file differs from what would be rendered now.
 """
 

@@ -20,7 +20,7 @@ A long soak (hours; every seed is independent, so stop it whenever):
 
     python -m nereus.sim --seeds 100000 --seed 1000000 --steps 2000
 
-`tests/test_simulator.py` runs `NEREUS_SIM_SEEDS` seeds (a small default) in the suite.
+`tests/sim/test_simulator.py` runs `NEREUS_SIM_SEEDS` seeds (a small default) in the suite.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class World:
 
     def _open(self) -> None:
         # sync=False by default: the simulated crash is a process death, after which the
-        # OS still holds every committed page; power loss is tests/test_storage_crash.py's.
+        # OS still holds every committed page; power loss is tests/storage/test_storage_crash.py's.
         options = StoreOptions(map_size_bytes=1 << 28, sync=self.sync)
         self.store = ShardStore.open(self.path, shard_id="sim", config=KERNEL, options=options)
         self.destination = SimDestination(

@@ -35,7 +35,7 @@ one before did not decide:
    LMDB leaked, which it never reads, so such a file is accepted).
 
 Why both 2 and 3: a stop often leaves unwritten pages at the end of the file (in
-tests/test_storage_restart.py, about one stop in three), and step 3 would then read the
+tests/storage/test_storage_restart.py, about one stop in three), and step 3 would then read the
 whole file at every such restart (seconds per GB of small rows), while step 2 costs
 O(free list) and is exact for any file LMDB wrote, truncated or not. Step 2 trusts what the
 free list says, as LMDB does (it hands a listed page out to the next writer): a damaged

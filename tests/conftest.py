@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from nereus.runtime import compiled
-from tests.shared_broker import shared_use
+from tests.support.shared_broker import shared_use
 
 compiled.from_environment()
 
@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _shared_pulsar_broker(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test of the shared Pulsar broker holds it shared while it runs, so that one that
-    pauses it waits for the others (tests/shared_broker.py)."""
+    pauses it waits for the others (tests/support/shared_broker.py)."""
     if "pulsar_url" not in request.fixturenames:
         yield
         return

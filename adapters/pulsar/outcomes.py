@@ -2,7 +2,7 @@
 
 Theory of operation: the class must be the truth, and it is taken from the client's real
 results, found by experiment against a real broker (pulsar-client 3.13, broker 4.0.7;
-`tests/test_pulsar_destination.py` reproduces them):
+`tests/adapters/pulsar/test_pulsar_destination.py` reproduces them):
 
 * `Ok` with a message id -> PUBLISHED, the id as evidence (`ledger:entry:partition:batch`),
   stamped with the send's own time (`adapters.pulsar.stamps`). `Ok` with ledger and entry

@@ -1,2 +1,0 @@
-"""Golden shard logs: committed logs of earlier record versions that every later build must
-still decode, replay and verify (see README.md here and `tests/test_golden_logs.py`)."""
