@@ -9,8 +9,8 @@ the kernel, and the destination topic is checked against those ledgers:
   topic once, never before deliverAt (broker timestamps), with the evidence headers; the
   owner's LMDB stores equal the fold of the Kafka log; envelopes that are not envelopes are
   skipped identically by everyone;
-* fencing, on one partition: a second `KafkaLog` on the same shard fences the first, whose
-  next write raises ShardLost and lands nothing;
+* fencing on one partition (a second `KafkaLog` fences the first) is the `ShardLog`
+  contract's, with the embedded log's: tests/runtime/test_shardlog_contract.py;
 * two `nereus serve --kafka` processes share the shards and answer for each other (replies
   topic); SIGTERM one and its shards move to the other, which resolves the PUBLISHING
   attempts it finds in the log by evidence;
@@ -32,17 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.kafka.log import FROM_MEMORY, KafkaLog, KafkaLogConfig
+from nereus.adapters.kafka.log import FROM_MEMORY
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import AttemptStatus
-from nereus.kernel.records import PublishAdmission, ShardState, members
-from nereus.runtime.shardlog import ShardLost
+from nereus.kernel.records import PublishAdmission, members
 from nereus.storage.store import ShardStore
 from tests.support import kafka_env
 from tests.support.kafka_cluster import (
@@ -53,7 +51,6 @@ from tests.support.kafka_cluster import (
     check_delivery,
     check_stores_are_prefixes,
     keys_on_shards,
-    read_shard_log,
     schedule_op,
     wait_until,
     writes_after_takeover,
@@ -192,49 +189,6 @@ def test_a_calls_large_payloads_are_cut_into_records_the_topic_accepts(
     sent = [x.entry.record for x in a.logs[0] if x.envelope.reply_to is not None]
     assert [type(r).__name__ for r in sent] == ["CommandBatch"] * 3
     assert [len(members(r)) for r in sent] == [2, 2, 2]
-
-
-def test_a_second_owner_fences_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:
-    """Two KafkaLogs on one shard: the second's init_transactions fences the first, whose
-    next transaction raises ShardLost; nothing it wrote after that is in the log."""
-    commands = create_topic(kafka_bootstrap, unique_topic("cmd"), config=LOG_APPEND)
-    replies = create_topic(kafka_bootstrap, unique_topic("rep"))
-
-    def kafka_log(name: str) -> KafkaLog:
-        store = ShardStore.open(str(tmp_path / name), shard_id=f"kafka:{commands}:0")
-        return KafkaLog(
-            store,
-            KafkaLogConfig(
-                bootstrap=kafka_bootstrap,
-                topic=commands,
-                partition=0,
-                replies_topic=replies,
-                process_id=name,
-            ),
-        )
-
-    def step(log: KafkaLog, *records: ShardState) -> int:
-        log.commit([(r, None) for r in records], int(time.time() * 1000), lambda _txn: None)
-        return log.store.meta.position
-
-    first, second = kafka_log("first"), kafka_log("second")
-    try:
-        first.open()
-        assert step(first, ShardState("PAUSED", "first")) == 0  # folded when read back
-        wait_until(lambda: step(first) == 1, 10, "the first owner folds its own record")
-        second.open()  # init_transactions with the same transactional.id fences `first`
-        with pytest.raises(ShardLost):
-            step(first, ShardState("FROZEN", "zombie"))
-        step(second, ShardState("ACTIVE_FOR_COMMANDS", "second"))
-        wait_until(lambda: step(second) == 2, 10, "the second owner folds both records")
-    finally:
-        for log in (first, second):
-            log.close()
-            log.store.close()
-    logged = read_shard_log(kafka_bootstrap, commands, 0)
-    reasons = [x.entry.record.reason for x in logged if isinstance(x.entry.record, ShardState)]
-    assert reasons == ["first", "second"]
-    assert [x.entry.position for x in logged] == [1, 2]
 
 
 # Two processes ------------------------------------------------------------------------------
