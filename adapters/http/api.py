@@ -157,7 +157,7 @@ class TimerApi:
         self.log = (logger or Logger()).child("http")
         self.process = ProcessMetrics(self.backend.metrics)
         # Under `serve --processes`: this process's metrics text -> the machine's (set by
-        # `adapters.cli.processes.join_siblings`); None answers for this process alone.
+        # `adapters.compose.processes.join_siblings`); None answers for this process alone.
         self.machine_metrics: Callable[[str], str] | None = None
         self.backend.metrics.describe(
             REQUEST_SECONDS, "histogram", "HTTP request durations by route and status."
