@@ -39,6 +39,7 @@ TAKEN = {
     "specs/http.md": "design/http.md",
     "specs/invariants.md": "design/invariants.md",
     "specs/kafka.md": "design/kafka.md",
+    "specs/layers.md": "design/layers.md",
     "specs/library.md": "design/library.md",
     "specs/lifecycle.md": "design/lifecycle.md",
     "specs/pulsar.md": "design/pulsar.md",

@@ -15,6 +15,11 @@ file under `--scratch`, by default a temporary directory, removed afterwards). `
 default, folds on disk once the state to rebuild covers more than `AUTO_DISK_POSITIONS`
 log positions.
 
+`--kafka BOOTSTRAP --shard N` rebuilds a shard from Kafka alone. Replay sits below the
+edges and imports none of them: the Kafka source is given to `register` from above (`nereus`
+gives `adapters.compose.replay.kafka_rebuild`), as a `KafkaRebuild` returning what the
+rebuild read as a `KafkaOrigin`.
+
 Exit status: 0 done (and verified, with --verify); 1 a store differs from its replay;
 2 a store or log was refused (the message says which file and why).
 """
@@ -25,9 +30,10 @@ import argparse
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgspec
 
@@ -53,7 +59,37 @@ from nereus.storage.store import ShardStore
 AUTO_DISK_POSITIONS = 1_000_000
 
 
-def register(sub: Any) -> None:
+@dataclass(frozen=True)
+class KafkaOrigin:
+    """Where a shard rebuilt from Kafka started (its newest snapshot, None: offset 0) and
+    which command offsets were folded after it, with the records that got no position."""
+
+    snapshot_id: str | None
+    snapshot_covered_offset: int | None
+    snapshot_position: int | None
+    first_offset: int
+    last_offset: int
+    skipped: int
+
+
+class KafkaRebuild(Protocol):
+    """Shard `partition` of the commands topic `topic`, rebuilt into a new store at
+    `scratch` (the caller closes the store and removes the directory)."""
+
+    def __call__(
+        self,
+        settings: dict[str, Any],
+        topic: str,
+        partition: int,
+        scratch: str,
+        *,
+        on_entry: Callable[[int], None] | None = None,
+    ) -> tuple[ShardStore, ReplayResult, KafkaOrigin]: ...
+
+
+def register(sub: Any, *, kafka: KafkaRebuild | None = None) -> None:
+    """`nereus replay`; `kafka` is the source `--kafka` rebuilds from (without it,
+    `--kafka` is refused)."""
     p: argparse.ArgumentParser = sub.add_parser(
         "replay", help="rebuild state from the shard log; list obligations; verify the store"
     )
@@ -88,7 +124,7 @@ def register(sub: Any) -> None:
         default=None,
         help="progress bar on stderr (default: when stderr is a terminal)",
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, kafka_rebuild=kafka)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,57 +207,69 @@ def _run_kafka(args: argparse.Namespace, show_progress: bool) -> int:
     if args.shard is None or args.to is not None:
         print("nereus replay: --kafka needs --shard N, and takes no --to", file=sys.stderr)
         return 2
-    from nereus.adapters.kafka.audit import rebuild  # noqa: PLC0415  (the Kafka extra)
-
+    rebuild: KafkaRebuild | None = getattr(args, "kafka_rebuild", None)
+    if rebuild is None:
+        print("nereus replay: --kafka is not available in this build", file=sys.stderr)
+        return 2
     progress = Progress("replay", 0, enabled=show_progress)
     scratch = tempfile.mkdtemp(prefix="nereus-replay-kafka-", dir=args.scratch)
     try:
         settings = {"bootstrap.servers": args.kafka}
-        store, result, audit = rebuild(
+        store, result, origin = rebuild(
             settings, args.commands_topic, args.shard, scratch, on_entry=progress.update
         )
         progress.finish()
         try:
-            verified: str | None = None
-            if args.verify:
-                with store.state_view() as state:
-                    try:
-                        assert_invariants(state)
-                        verified = "ok"
-                    except InvariantViolation as exc:
-                        verified = f"invariant broken: {exc}"
+            verified = _verified(store) if args.verify else None
         finally:
             store.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    snap = audit.snapshot
+    _print_kafka(result, args, verified, origin)
+    return 0 if verified in (None, "ok") else 1
+
+
+def _verified(store: ShardStore) -> str:
+    """The verdict on the state reached: "ok" when it holds the kernel's invariants, else
+    what broke."""
+    with store.state_view() as state:
+        try:
+            assert_invariants(state)
+            return "ok"
+        except InvariantViolation as exc:
+            return f"invariant broken: {exc}"
+
+
+def _print_kafka(
+    result: ReplayResult, args: argparse.Namespace, verified: str | None, origin: KafkaOrigin
+) -> None:
     if args.json:
         doc = _doc(result, args, verified)
         doc["kafka"] = {
             "snapshot": None
-            if snap is None
-            else {"id": snap.snapshot_id, "covered_offset": snap.covered_offset},
-            "first_offset": audit.first_offset,
-            "last_offset": audit.last_offset,
-            "skipped_records": audit.skipped,
+            if origin.snapshot_id is None
+            else {"id": origin.snapshot_id, "covered_offset": origin.snapshot_covered_offset},
+            "first_offset": origin.first_offset,
+            "last_offset": origin.last_offset,
+            "skipped_records": origin.skipped,
         }
         print(msgspec.json.encode(doc).decode())
-    else:
-        start = "offset 0" if snap is None else f"snapshot {snap.snapshot_id} (position "
-        if snap is not None:
-            start += f"{snap.transfer.position:,}, digest checked)"
+        return
+    start = "offset 0"
+    if origin.snapshot_id is not None:
+        start = f"snapshot {origin.snapshot_id} (position {origin.snapshot_position:,}, "
+        start += "digest checked)"
+    print(
+        f"kafka        {args.commands_topic}[{args.shard}] from {start}, then offsets "
+        f"{origin.first_offset}..{origin.last_offset} ({origin.skipped} skipped)"
+    )
+    _print(result, args, verified=None)
+    if verified is not None:
         print(
-            f"kafka        {args.commands_topic}[{args.shard}] from {start}, then offsets "
-            f"{audit.first_offset}..{audit.last_offset} ({audit.skipped} skipped)"
+            "verify       ok: the rebuilt state holds the kernel's invariants"
+            if verified == "ok"
+            else f"verify       MISMATCH: {verified}"
         )
-        _print(result, args, verified=None)
-        if verified is not None:
-            print(
-                "verify       ok: the rebuilt state holds the kernel's invariants"
-                if verified == "ok"
-                else f"verify       MISMATCH: {verified}"
-            )
-    return 0 if verified in (None, "ok") else 1
 
 
 def _replay_store(

@@ -20,6 +20,7 @@ from nereus.adapters.cli import store as storecmd
 from nereus.adapters.cli import tail as tailcmd
 from nereus.adapters.cli.modes import apply_file_mode
 from nereus.adapters.cli.output import EXIT_CODES
+from nereus.adapters.compose.replay import kafka_rebuild
 from nereus.replay import cli as replay_cli
 from nereus.runtime import compiled
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="print the version and the build")
     sub = parser.add_subparsers(dest="command", required=True)
     demo.register(sub)
-    replay_cli.register(sub)
+    replay_cli.register(sub, kafka=kafka_rebuild)
     storecmd.register(sub)
     servecmd.register(sub)
     tailcmd.register(sub)

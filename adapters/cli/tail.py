@@ -18,6 +18,9 @@ terminal (as always), one readable line per record on a terminal; `--json`/`--te
 A queue nothing was ever delivered to is said on stderr, naming the tenant's queues that
 have deliveries: without `--follow` that ends the command with status 4 (a misspelt queue
 would otherwise print nothing and succeed); with `--follow` it waits for the first record.
+
+The local destination's files are opened through the composition root
+(`adapters.compose.stores`): the CLI imports no other edge.
 """
 
 from __future__ import annotations
@@ -40,8 +43,14 @@ from nereus.adapters.cli.output import (
     record_line,
     wants_json,
 )
-from nereus.adapters.local.consumer import ConsumerBusy, LocalConsumer
-from nereus.adapters.local.destination import LocalDestination, LocalRecord
+from nereus.adapters.compose.stores import (
+    ConsumerBusy,
+    LocalConsumer,
+    LocalDestination,
+    LocalRecord,
+    local_destination_dir,
+    open_local_destination,
+)
 from nereus.adapters.tenant_topics import name_ok, split_local_topic
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.storage.errors import StoreError
@@ -94,8 +103,7 @@ def record_json(r: LocalRecord) -> dict[str, Any]:
 
 
 def tail(args: argparse.Namespace) -> int:
-    path = os.path.join(args.data, "destination")
-    if not os.path.isdir(path):
+    if not os.path.isdir(local_destination_dir(args.data)):
         print(f"nereus tail: no local destination under {args.data}", file=sys.stderr)
         return EXIT_USAGE
     if args.group is not None and args.from_offset is not None:
@@ -109,7 +117,7 @@ def tail(args: argparse.Namespace) -> int:
         print("nereus tail: tenant and queue are names without '/' or NUL", file=sys.stderr)
         return 2
     try:
-        dest = LocalDestination(path)
+        dest = open_local_destination(args.data)
     except StoreError as exc:
         print(f"nereus tail: refused: {exc}", file=sys.stderr)
         return 2

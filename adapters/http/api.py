@@ -59,7 +59,6 @@ from nereus.adapters.http.batch import (
     parse_batch,
 )
 from nereus.adapters.http.contract import (
-    GRANTS,
     LIST_DEFAULT_LIMIT,
     LIST_MAX_LIMIT,
     METERED_STATUSES,
@@ -80,6 +79,7 @@ from nereus.kernel.validation import check_txn
 from nereus.runtime.errors import Overloaded, RuntimeHalted
 from nereus.runtime.log import Logger
 from nereus.service import readiness
+from nereus.service.access import GRANTS
 from nereus.service.codes import NAMES_JSON
 
 T = TypeVar("T")
@@ -157,7 +157,7 @@ class TimerApi:
         self.log = (logger or Logger()).child("http")
         self.process = ProcessMetrics(self.backend.metrics)
         # Under `serve --processes`: this process's metrics text -> the machine's (set by
-        # `adapters.cli.processes.join_siblings`); None answers for this process alone.
+        # `adapters.compose.processes.join_siblings`); None answers for this process alone.
         self.machine_metrics: Callable[[str], str] | None = None
         self.backend.metrics.describe(
             REQUEST_SECONDS, "histogram", "HTTP request durations by route and status."

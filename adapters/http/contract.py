@@ -12,46 +12,14 @@ from __future__ import annotations
 
 from typing import Final, Literal, NamedTuple
 
-import msgspec
-
+from nereus.service.access import Grant
 from nereus.service.codes import CODES
 from nereus.service.codes import STATUSES as CODE_STATUSES
 
 # Operations per POST batch.
 MAX_OPERATIONS: Final = 256
-# The payload ceiling never exceeds this, whatever the cell, plan or kernel say.
-MAX_PAYLOAD_CEILING_BYTES: Final = 1024 * 1024
 # Request bodies larger than this are refused unread unless the config says otherwise.
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
-
-
-class HttpLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What one process's HTTP server holds at most and waits at most: every connection and
-    request has a bound, so hostile or slow clients cost a bounded amount (`[server]` keys
-    of the config file; the defaults are the service's)."""
-
-    # Pending connections the kernel queues before accept (also capped by somaxconn).
-    backlog: int = 2048
-    # Open connections; past this a new connection's request is answered 503 server_busy.
-    max_connections: int = 1024
-    # Requests being handled at once (waiting for their commit included); past this 503.
-    max_inflight: int = 512
-    # An idle keep-alive connection (no byte of a next request) is closed after this.
-    keep_alive_timeout_s: float = 5.0
-    # The request line and headers must be complete this long after their first byte.
-    header_timeout_s: float = 10.0
-    # The declared body must be complete this long after the headers.
-    body_timeout_s: float = 30.0
-    max_request_line_bytes: int = 8192
-    # The header block (every header line, without the request line).
-    max_header_bytes: int = 16384
-    max_headers: int = 100
-    # Larger declared bodies are refused before a byte of them is read.
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    # Input read ahead of the request being answered (pipelined requests): reading pauses
-    # while this much is held, so a client that does not wait for its answers costs at
-    # most this (raised to one largest head if the head limits are larger).
-    max_read_ahead_bytes: int = 65536
 
 
 # Query parameters whose values are credentials, by name (case-insensitive; `-` and `.`
@@ -90,9 +58,6 @@ RESERVED_HEADER_PREFIX: Final = "nereus-"
 STATUSES: Final = CODE_STATUSES
 # Result statuses that count one metered message (a new promise: a new generation).
 METERED_STATUSES: Final = frozenset({"scheduled", "rescheduled"})
-
-Grant = Literal["produce", "read", "admin"]
-GRANTS: Final[tuple[Grant, ...]] = ("produce", "read", "admin")
 
 # The header a refused producing batch carries: what the caller can still do.
 HINT_HEADER: Final = "x-nereus-timers-hint"

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nereus.adapters.http.contract import HttpLimits
+from nereus.adapters.config_file import HttpLimits
 from nereus.adapters.http.redact import redact_target
 from nereus.runtime.log import Logger
 

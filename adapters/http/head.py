@@ -25,7 +25,7 @@ import re
 
 import h11
 
-from nereus.adapters.http.contract import HttpLimits
+from nereus.adapters.config_file import HttpLimits
 
 _CONTENT_LENGTH = b"\ncontent-length:"
 # A line that begins with a space or tab: every line of a head ends in a line feed.

@@ -16,7 +16,6 @@ from nereus.adapters.http.contract import (
     COMMON_ERRORS,
     ERROR_CODES,
     ERROR_STATUS,
-    GRANTS,
     HINT_HEADER,
     LIST_DEFAULT_LIMIT,
     LIST_MAX_LIMIT,
@@ -27,6 +26,7 @@ from nereus.adapters.http.contract import (
 )
 from nereus.adapters.tenancy import Tenancy
 from nereus.kernel.config import KernelConfig
+from nereus.service.access import GRANTS
 from nereus.service.codes import COMMAND_CODES
 from nereus.service.readiness import REASON_CODES
 

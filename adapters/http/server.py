@@ -25,9 +25,9 @@ import time
 
 import uvicorn
 
+from nereus.adapters.config_file import HttpLimits
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.http.asgi import TimerAsgiApp
-from nereus.adapters.http.contract import HttpLimits
 from nereus.adapters.http.cycle import Shared
 from nereus.adapters.http.protocol import protocol_class
 

@@ -20,10 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nereus.adapters.compose.config import parse_configuration, pulsar_routing
 from nereus.adapters.kafka.destination import KafkaDestination, KafkaDestinationConfig
 from nereus.adapters.local.destination import LocalDestination
 from nereus.adapters.pulsar.config import PulsarTargetConfig
-from nereus.adapters.tenancy import ConfigError, parse_tenancy
+from nereus.adapters.tenancy import ConfigError
 from nereus.adapters.tenant_topics import (
     broker_topic,
     derived_topic,
@@ -198,20 +199,20 @@ def test_a_pulsar_topic_two_tenants_reach_is_refused_at_load_unless_shared() -> 
     topic = "persistent://acme/t/same"
     target = {"service_url": "pulsar://h:1", "topics": {"same": topic}}
     with pytest.raises(ConfigError) as info:
-        parse_tenancy(_pulsar({"p": target}, {"same": "p"}), "nereus.toml")
+        parse_configuration(_pulsar({"p": target}, {"same": "p"}), "nereus.toml")
     assert info.value.key == "pulsar.targets.p.topics.same"
     for word in ("acme", "globex", "'same'", topic, "shared_topics"):
         assert word in info.value.problem
     declared = {**target, "shared_topics": [topic]}
-    assert parse_tenancy(_pulsar({"p": declared}, {"same": "p"}), "nereus.toml")
+    assert parse_configuration(_pulsar({"p": declared}, {"same": "p"}), "nereus.toml")
     # One tenant's queue routed there, the other's left on the local destination.
-    only_acme = parse_tenancy(_pulsar({"p": target}, {"acme/same": "p"}), "nereus.toml")
-    routing = only_acme.pulsar_routing(None)
+    only_acme = parse_configuration(_pulsar({"p": target}, {"acme/same": "p"}), "nereus.toml")
+    routing = pulsar_routing(only_acme, None)
     assert routing is not None
     assert routing.target_of("same", "acme") == "p"
     assert routing.target_of("same", "globex") == "local"
     with pytest.raises(ConfigError) as unknown:
-        parse_tenancy(_pulsar({"p": target}, {"nobody/same": "p"}), "nereus.toml")
+        parse_configuration(_pulsar({"p": target}, {"nobody/same": "p"}), "nereus.toml")
     assert unknown.value.key == "pulsar.queues.nobody/same"
 
 
@@ -220,8 +221,8 @@ def test_pulsar_targets_name_each_tenants_topic() -> None:
         "service_url": "pulsar://h:1",
         "topics": {"acme/same": "persistent://acme/t/same", "globex/same": "persistent://g/t/same"},
     }
-    tenancy = parse_tenancy(_pulsar({"p": target}, {"same": "p"}), "nereus.toml")
-    routing = tenancy.pulsar_routing(None)
+    tenancy = parse_configuration(_pulsar({"p": target}, {"same": "p"}), "nereus.toml")
+    routing = pulsar_routing(tenancy, None)
     assert routing is not None
     p = routing.targets["p"]
     assert p.topic_for("same", tenant="acme") == "persistent://acme/t/same"

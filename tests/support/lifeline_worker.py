@@ -1,7 +1,7 @@
 """A stand-in supervisor for the lifeline tests, and what they read in /proc.
 
 Run as `python -m tests.support.lifeline_worker MODE DIR`. It makes a lifeline the way the
-supervisor does (`adapters.cli.lifeline.lifeline_pipe`), starts one child holding the read
+supervisor does (`adapters.compose.lifeline.lifeline_pipe`), starts one child holding the read
 end (without the parent-death signal, so the pipe is the only link), prints the child's pid
 and sleeps until it is killed. The child's stderr goes to DIR/child.log. MODE picks the child:
 
@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from nereus.adapters.cli.lifeline import lifeline_pipe
+from nereus.adapters.compose.lifeline import lifeline_pipe
 
 STUCK_EXIT_AFTER_S = 0.5
 
 _STUCK = f"""
 import sys, time
-from nereus.adapters.cli.lifeline import follow_supervisor
+from nereus.adapters.compose.lifeline import follow_supervisor
 from nereus.runtime.log import Logger, configure_json_logging
 configure_json_logging(level="info")
 assert follow_supervisor(int(sys.argv[1]), lambda: None, {STUCK_EXIT_AFTER_S}, Logger())

@@ -1,4 +1,4 @@
-"""A supervised process never outlives its supervisor: the lifeline (`adapters.cli.lifeline`),
+"""A supervised process never outlives its supervisor: the lifeline (`adapters.compose.lifeline`),
 without a broker. The other guard of the rule is the Kafka-mode supervisor test in
 `tests/adapters/kafka/test_kafka_processes.py`.
 
@@ -27,12 +27,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nereus.adapters.cli.lifeline import (
+from nereus.adapters.compose.lifeline import (
     follow_supervisor,
     lifeline_pipe,
     supervisor_gone,
 )
-from nereus.adapters.cli.processes import Child
+from nereus.adapters.compose.processes import Child
 from nereus.runtime.log import Logger
 from tests.support.lifeline_worker import STUCK_EXIT_AFTER_S, pipe_ends
 from tests.support.serve_process import json_events

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from nereus.adapters.cli.main import main
-from nereus.adapters.cli.processes import child_argv
+from nereus.adapters.compose.processes import child_argv
 from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.siblings import (
     TOKEN_HEADER,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nereus.adapters.cli import serve
+from nereus.adapters.compose import lifecycle
 
 
 @pytest.fixture
@@ -21,8 +21,8 @@ def collector() -> Iterator[None]:
 
 def test_the_service_freezes_start_up_and_collects_less_often(collector: None) -> None:
     before = gc.get_freeze_count()
-    serve._tune_gc()
-    assert gc.get_threshold() == serve.GC_THRESHOLDS
+    lifecycle.tune_gc()
+    assert gc.get_threshold() == lifecycle.GC_THRESHOLDS
     assert gc.get_freeze_count() > before, "start-up objects are kept out of later passes"
 
 

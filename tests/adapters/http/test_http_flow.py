@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from nereus.adapters.http.contract import HttpLimits
+from nereus.adapters.config_file import HttpLimits
 from nereus.adapters.http.cycle import Shared
 from nereus.adapters.http.protocol import NereusProtocol, protocol_class
 from tests.support.strategies import props

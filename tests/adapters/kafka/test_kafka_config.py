@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nereus.adapters.cli.destinations import kafka_topics
+from nereus.adapters.compose.destinations import kafka_topics
 from nereus.adapters.kafka.settings import refusal
 from nereus.adapters.tenancy import ConfigError, Tenancy, load_tenancy
 from tests.support.http_harness import KEY_B64

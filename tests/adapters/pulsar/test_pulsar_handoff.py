@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nereus.adapters.compose.config import parse_configuration, pulsar_routing
 from nereus.adapters.pulsar.config import PulsarTargetConfig, routing_for_url
 from nereus.adapters.pulsar.handoff import (
     DelaySettings,
@@ -18,7 +19,7 @@ from nereus.adapters.pulsar.handoff import (
     handoff_capability,
     reveal_at_ms,
 )
-from nereus.adapters.tenancy import ConfigError, parse_tenancy
+from nereus.adapters.tenancy import ConfigError
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.records import IMMEDIATE, Capability
 from nereus.kernel.validation import action_at, check_capability
@@ -188,12 +189,12 @@ def test_a_bad_pulsar_section_is_refused_naming_its_key(
     pulsar: dict[str, object], key: str, problem: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        parse_tenancy(section(**pulsar), "nereus.toml")
+        parse_configuration(section(**pulsar), "nereus.toml")
     assert info.value.key == key and problem in info.value.problem
 
 
 def test_a_good_pulsar_section_routes_queues_and_takes_the_url_from_the_command_line() -> None:
-    tenancy = parse_tenancy(
+    tenancy = parse_configuration(
         section(
             targets={
                 "h": {
@@ -208,7 +209,7 @@ def test_a_good_pulsar_section_routes_queues_and_takes_the_url_from_the_command_
         ),
         "nereus.toml",
     )
-    routing = tenancy.pulsar_routing("pulsar://127.0.0.1:6650")
+    routing = pulsar_routing(tenancy, "pulsar://127.0.0.1:6650")
     assert routing is not None and routing.default == "local"
     target = routing.targets["h"]
     assert target.service_url == "pulsar://127.0.0.1:6650" and target.name == "h"

@@ -16,12 +16,12 @@ import jsonschema_rs
 import pytest
 
 from nereus.adapters.clock import SystemClock
+from nereus.adapters.compose.config import parse_configuration, pulsar_routing
+from nereus.adapters.compose.destinations import routed_destination
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.http.server import HttpServer
 from nereus.adapters.local.embedded import Nereus
-from nereus.adapters.pulsar.build import routed_destination
 from nereus.adapters.pulsar.outcomes import broker_message_id
-from nereus.adapters.tenancy import parse_tenancy
 from tests.support import pulsar_env
 from tests.support.http_harness import Backend, Service, config, schedule, timer_path
 from tests.support.pulsar_env import read_all, unique_topic
@@ -51,8 +51,8 @@ def routed(tmp_path: Path, pulsar_url: str, pulsar_admin_url: str) -> Iterator[t
             "queues": {TO_PULSAR: "p"},
         },
     }
-    tenancy = parse_tenancy(doc, "test.toml")
-    routing = tenancy.pulsar_routing(None)
+    tenancy = parse_configuration(doc, "test.toml")
+    routing = pulsar_routing(tenancy, None)
     assert routing is not None
     destination = routed_destination(routing, str(tmp_path))
     nereus = Nereus.open(

@@ -19,7 +19,7 @@ when every process stopped cleanly. A supervisor that dies without stopping them
 OOM killer) takes them with it: each process holds the read end of a pipe whose write end only
 the supervisor holds (`--supervisor-fd`), sees its end-of-file when the kernel closes the
 supervisor's descriptors, and stops as on SIGTERM; the parent-death signal is a second link
-(`adapters.cli.lifeline`).
+(`adapters.compose.lifeline`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from nereus.adapters.cli.lifeline import die_with_parent, lifeline_pipe
+from nereus.adapters.compose.lifeline import die_with_parent, lifeline_pipe
 from nereus.adapters.http.server import bind_socket
 from nereus.adapters.kafka.siblings import (
     TOKEN_ENV,

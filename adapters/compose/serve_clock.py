@@ -6,35 +6,18 @@ therefore reads the host clock before it opens anything that takes time or resou
 the configuration is checked, before the store, the listening socket or a broker) and refuses
 to start, with one `refused` log line and a message for the person at the terminal, unless
 `--assume-clock-error-ms` gives a bound or `--allow-unbounded-clock` says to start anyway,
-in which case `/readyz` answers 503 `clock_unbounded` until the host clock is bounded.
+in which case `/readyz` answers 503 `clock_unbounded` until the host clock is bounded. The
+flags are parsed by `adapters.cli.serve`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from nereus.adapters.clock import SystemClock
 from nereus.runtime.log import Logger
 from nereus.service.clock_bound import CLOCK_UNBOUNDED, cli_refusal, clock_problem
-
-
-def add_clock_flags(p: Any) -> None:
-    p.add_argument(
-        "--assume-clock-error-ms",
-        type=float,
-        default=None,
-        metavar="N",
-        help="error bound (ms) to assume when the host clock reports no synchronisation "
-        "(without it, or --allow-unbounded-clock, such a host is refused at start)",
-    )
-    p.add_argument(
-        "--allow-unbounded-clock",
-        action="store_true",
-        help="start even when the host clock cannot bound true time: nothing fires and "
-        "/readyz answers 503 (clock_unbounded) until it can",
-    )
 
 
 def serve_clock(args: argparse.Namespace, log: Logger) -> SystemClock | None:
