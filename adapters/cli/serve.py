@@ -211,7 +211,9 @@ def _api(
     sock: socket.socket | None = None,
 ) -> tuple[TimerApi, HttpServer] | None:
     try:
-        api = TimerApi(backend, tenancy=tenancy, logger=log)
+        api = TimerApi(
+            backend.service if isinstance(backend, Nereus) else backend, tenancy=tenancy, logger=log
+        )
     except ConfigError as exc:
         log.error("refused", detail=str(exc), config=exc.source, key=exc.key)
         return None

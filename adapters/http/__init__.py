@@ -11,7 +11,7 @@ One job per module, read from the socket up:
     policy.py    rate limit, blocks and quotas: whether a batch may produce
     batch.py     a POST batch parsed and checked whole
     shapes.py    the JSON shapes of results, peeks and list rows
-    backend.py   TimerBackend: what the routes need (embedded Nereus or the Kafka service)
+    writes.py    the appending routes (POST a batch, DELETE) over the service port
     errors.py    ApiError and the error response
     contract.py  the closed lists: routes, error codes, statuses, limits
     openapi.py   the OpenAPI document built from the contract
