@@ -4,6 +4,7 @@ One job per module, read from the socket up:
 
     server.py    HttpServer: uvicorn in a thread of its own, on a socket bound here
     protocol.py  the connection: h11, limits and timeouts, JSON answers to protocol errors
+    phases.py    the connection's phases: its one timer, flow control, refusals
     head.py      the checks on a request head (sizes, version, Content-Length), pure
     asgi.py      the ASGI application: a request in, the API's response out
     api.py       TimerApi: route, authenticate, authorize, then the route's handler
