@@ -58,9 +58,10 @@ LIST_MAX_ROWS = 1000
 
 
 class Command(Generic[P, R]):
-    """A method made from a record builder: `__get__` on an instance gives the bound call
-    (typed `Callable[P, R]`), on the class the plain function (with `self` first), both with
-    the builder's parameters and the docstring given here."""
+    """A method made from a record builder. For a type checker, `__get__` on an instance
+    gives the bound call (typed `Callable[P, R]`) and on the class the plain function; at
+    class creation (`__set_name__`) the descriptor puts that function, with `self` first,
+    the builder's parameters and the docstring given here, in its place on the class."""
 
     def __init__(self, build: Callable[P, Appendable], doc: str, *, is_async: bool) -> None:
         self.build = build
@@ -81,6 +82,10 @@ class Command(Generic[P, R]):
             return_annotation="Result",
         )
         self.function = function
+        # The class keeps the plain function: instances bind it as any method, and tools
+        # that read the class (inspect, the docs' reference) find a method with the
+        # builder's signature. The descriptor stays what type checkers see (`__get__`).
+        setattr(owner, name, function)
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> Callable[..., R]: ...
