@@ -12,10 +12,12 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from nereus.adapters.kafka.library import KafkaNereus
 from nereus.adapters.local.embedded import Nereus
+from nereus.kernel.records import Appendable
 from nereus.service.arguments import cancel_record, reschedule_record, schedule_record
 from nereus.service.calls import TimerCalls
 
@@ -94,8 +96,11 @@ def test_mypy_sees_the_builders_parameters_and_the_calls_return_types(tmp_path: 
 
 
 def test_the_calls_carry_their_builders_signatures_and_their_own_docstrings() -> None:
-    builders = {"schedule": schedule_record, "reschedule": reschedule_record}
-    builders["cancel"] = cancel_record
+    builders: dict[str, Callable[..., Appendable]] = {
+        "schedule": schedule_record,
+        "reschedule": reschedule_record,
+        "cancel": cancel_record,
+    }
     for name, build in builders.items():
         parameters = list(inspect.signature(build).parameters)
         for call in (name, f"{name}_async"):
