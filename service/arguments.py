@@ -17,6 +17,10 @@ Durations are `int` milliseconds or `datetime.timedelta`; instants are `int` epo
 milliseconds or timezone-aware `datetime`. Sub-millisecond parts are rounded in the safe
 direction: a delivery time or delay up (never earlier than asked), an expiry or lifetime
 down (never admitted later than asked).
+
+The command builders' parameters are the library's calls' signatures: `service.calls` makes
+`schedule`/`schedule_async`, ... from `schedule_record`, ... (names, order, types, defaults),
+so a parameter added here is a parameter of those calls, typed, on both facades.
 """
 
 from __future__ import annotations
