@@ -70,14 +70,16 @@ class Command(Generic[P, R]):
         self.function: Callable[..., Any] = build
 
     def __set_name__(self, owner: type, name: str) -> None:
-        function: Any = _async_method(self.build) if self.is_async else _sync_method(self.build)
-        function.__name__ = name
-        function.__qualname__ = f"{owner.__qualname__}.{name}"
+        qualname = f"{owner.__qualname__}.{name}"
+        function = _method(self.build, name, is_async=self.is_async)
+        # Python's own messages for a wrong call name the call, not the builder.
+        function.__code__ = function.__code__.replace(co_qualname=qualname)
+        function.__qualname__ = qualname
         function.__module__ = owner.__module__
         function.__doc__ = self.doc
         signature = inspect.signature(self.build)
         self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        function.__signature__ = signature.replace(
+        function.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[self_parameter, *signature.parameters.values()],
             return_annotation="Result",
         )
@@ -111,21 +113,46 @@ def command_async(
     return Command(build, doc, is_async=True)
 
 
-def _sync_method(build: Callable[..., Appendable]) -> Callable[..., Result]:
-    def method(self: TimerCalls, /, *args: Any, **kwargs: Any) -> Result:
-        item = build(*args, **kwargs)
-        return self._one(self.service.execute([item], self.timeout_s), item)
+def _method(build: Callable[..., Appendable], name: str, *, is_async: bool) -> types.FunctionType:
+    """A function `name(self, <the builder's parameters>)` that builds the record and runs
+    it. Its parameter list is written out (as `dataclasses` writes `__init__`), so a wrong
+    call fails as it would on a hand-written method, and no `*args`/`**kwargs` are packed."""
+    parameters = inspect.signature(build).parameters.values()
+    header, passing = ["self"], []
+    for parameter in parameters:
+        if parameter.kind is parameter.KEYWORD_ONLY and "*" not in header:
+            header.append("*")
+        assert parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        written = parameter.name
+        if parameter.default is not parameter.empty:
+            written += f"=_defaults[{parameter.name!r}]"
+        header.append(written)
+        keyword = parameter.kind is parameter.KEYWORD_ONLY
+        passing.append(f"{parameter.name}={parameter.name}" if keyword else parameter.name)
+    run = "return await _run_async(self" if is_async else "return _run(self"
+    source = (
+        f"{'async ' if is_async else ''}def {name}({', '.join(header)}):\n"
+        f"    {run}, _build({', '.join(passing)}))\n"
+    )
+    defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+    namespace: dict[str, Any] = {
+        "_build": build,
+        "_defaults": defaults,
+        "_run": _run,
+        "_run_async": _run_async,
+    }
+    exec(compile(source, f"<{build.__name__} as {name}>", "exec"), namespace)
+    function: types.FunctionType = namespace[name]
+    return function
 
-    return method
+
+def _run(calls: TimerCalls, item: Appendable) -> Result:
+    return calls._one(calls.service.execute([item], calls.timeout_s), item)
 
 
-def _async_method(build: Callable[..., Appendable]) -> Callable[..., Any]:
-    async def method(self: TimerCalls, /, *args: Any, **kwargs: Any) -> Result:
-        item = build(*args, **kwargs)
-        self._check_async()
-        return self._one(await self.service.execute_async([item], self.timeout_s), item)
-
-    return method
+async def _run_async(calls: TimerCalls, item: Appendable) -> Result:
+    calls._check_async()
+    return calls._one(await calls.service.execute_async([item], calls.timeout_s), item)
 
 
 async def read_async(

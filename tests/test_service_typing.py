@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from nereus.adapters.kafka.library import KafkaNereus
 from nereus.adapters.local.embedded import Nereus
 from nereus.kernel.records import Appendable
@@ -122,3 +124,13 @@ def test_a_bound_call_has_the_builders_parameters_without_self(tmp_path: Path) -
         assert list(bound.parameters) == list(inspect.signature(schedule_record).parameters)
         assert n.schedule.__name__ == "schedule"
         assert n.cancel_async.__qualname__ == "TimerCalls.cancel_async"
+
+
+def test_a_wrong_call_fails_naming_the_call_not_its_builder(tmp_path: Path) -> None:
+    with Nereus.open(str(tmp_path)) as n:
+        with pytest.raises(TypeError, match=r"^TimerCalls\.schedule\(\) got an unexpected "):
+            n.schedule("q", "k", b"x", delay=5)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"^TimerCalls\.cancel_async\(\) takes 3 positional"):
+            n.cancel_async("q", "k", "txn")  # type: ignore[call-arg, unused-coroutine]
+        with pytest.raises(TypeError, match=r"missing 1 required positional argument: 'payload'"):
+            n.schedule("q", "k")  # type: ignore[call-arg]
