@@ -68,7 +68,7 @@ def run(calls: int, batches: int, rounds: int, seconds: float = 5.0) -> dict[str
     ) as root:
         nereus = Nereus.open(root, assume_clock_error_ms=1.0)
         nereus.start()
-        server = HttpServer(TimerApi(nereus), "127.0.0.1", 0)
+        server = HttpServer(TimerApi(nereus.service), "127.0.0.1", 0)
         server.start()
         try:
             per_round_calls = max(1, calls // rounds)

@@ -765,7 +765,7 @@ AT_REST = (
         "an encrypted queue's headers are sealed in the envelope and also kept in the record",
         "an encrypted queue's headers are never at rest in clear (store, snapshots, exports)",
         one(
-            "adapters/http/api.py",
+            "adapters/http/writes.py",
             "headers, encrypted = (() if sealed else headers), True",
             "encrypted = True",
         ),

@@ -17,6 +17,10 @@ Durations are `int` milliseconds or `datetime.timedelta`; instants are `int` epo
 milliseconds or timezone-aware `datetime`. Sub-millisecond parts are rounded in the safe
 direction: a delivery time or delay up (never earlier than asked), an expiry or lifetime
 down (never admitted later than asked).
+
+The command builders' parameters are the library's calls' signatures: `service.calls` makes
+`schedule`/`schedule_async`, ... from `schedule_record`, ... (names, order, types, defaults),
+so a parameter added here is a parameter of those calls, typed, on both facades.
 """
 
 from __future__ import annotations
@@ -174,7 +178,6 @@ def schedule_record(
     timer_key: str,
     payload: Payload,
     *,
-    tenant: str = DEFAULT_TENANT,
     delay_ms: Duration | None = None,
     deliver_at_ms: Instant | None = None,
     expire_at_ms: Instant | None = None,
@@ -183,6 +186,7 @@ def schedule_record(
     partition: str | None = None,
     headers: Headers = (),
     expected_version: int | None = None,
+    tenant: str = DEFAULT_TENANT,
     producer_sub: str | None = None,
     encrypted: bool = False,
 ) -> Appendable:
@@ -210,13 +214,13 @@ def reschedule_record(
     queue: str,
     timer_key: str,
     *,
-    tenant: str = DEFAULT_TENANT,
     delay_ms: Duration | None = None,
     deliver_at_ms: Instant | None = None,
     expire_at_ms: Instant | None = None,
     lifetime_ms: Duration | None = None,
     txn: str | None = None,
     expected_version: int | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> Appendable:
     """A RESCHEDULE_V1 record: new timing for a pending timer, the same content."""
     tenant, queue, timer_key = identity(tenant, queue, timer_key)
@@ -235,9 +239,9 @@ def cancel_record(
     queue: str,
     timer_key: str,
     *,
-    tenant: str = DEFAULT_TENANT,
     txn: str | None = None,
     expected_version: int | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> Appendable:
     """A CANCEL_V1 record. Its txn, if given, is only echoed back in the answer."""
     tenant, queue, timer_key = identity(tenant, queue, timer_key)

@@ -13,7 +13,8 @@ documented in `specs/http.md`), each naming the shard it concerns where there is
 * the clock cannot bound true time, so no timer would fire (`service.clock_bound`);
 * the process is stopping.
 
-Each backend gathers its own facts (`EmbeddedBackend.readiness`, `KafkaService.readiness`);
+Each implementation of the port gathers its own facts (`EmbeddedService.readiness`,
+`KafkaService.readiness`);
 `answer` turns them into the HTTP status and body, and is the one place that decides: ready
 means no reason at all.
 """

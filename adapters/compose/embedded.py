@@ -48,7 +48,7 @@ def serve_embedded(
     if nereus is None:
         return 2
     stop_on_signals(stop)
-    made = http_api(nereus, tenancy, log, address)
+    made = http_api(nereus.service, tenancy, log, address)
     if made is None:
         nereus.close()
         return 2

@@ -4,6 +4,7 @@ One job per module, read from the socket up:
 
     server.py    HttpServer: uvicorn in a thread of its own, on a socket bound here
     protocol.py  the connection: h11, limits and timeouts, JSON answers to protocol errors
+    phases.py    the connection's phases: its one timer, flow control, refusals
     head.py      the checks on a request head (sizes, version, Content-Length), pure
     asgi.py      the ASGI application: a request in, the API's response out
     api.py       TimerApi: route, authenticate, authorize, then the route's handler
@@ -11,7 +12,7 @@ One job per module, read from the socket up:
     policy.py    rate limit, blocks and quotas: whether a batch may produce
     batch.py     a POST batch parsed and checked whole
     shapes.py    the JSON shapes of results, peeks and list rows
-    backend.py   TimerBackend: what the routes need (embedded Nereus or the Kafka service)
+    writes.py    the appending routes (POST a batch, DELETE) over the service port
     errors.py    ApiError and the error response
     contract.py  the closed lists: routes, error codes, statuses, limits
     openapi.py   the OpenAPI document built from the contract

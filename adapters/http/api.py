@@ -25,7 +25,7 @@ only by a missing credential or a service that is not booted (or the physical an
 commit shares: 429 overloaded, 503 unavailable). One whose verdict would change nothing (a
 key with no row, a finished timer) appends nothing in the embedded service: it is answered
 from committed state by the kernel's own verdict (`runtime.absent`). A DELETE that appends
-takes a token of its credential's bucket (`Policy.take_delete`); without one, the backend
+takes a token of its credential's bucket (`Policy.take_delete`); without one, the service
 still appends a pending timer's cancel, and may refuse (429 rate_limited) only one it has
 judged from committed state to cancel nothing (specs/http.md, "Rate limit"). A request's
 content never causes a 5xx: `internal_error` is a bug, logged.
@@ -34,53 +34,33 @@ content never causes a 5xx: `internal_error` is a bug, logged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import traceback
-import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import msgspec
 
-from nereus.adapters import crypto
-from nereus.adapters.errors import ShardNotLocal, Unavailable
+from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.http import routing
 from nereus.adapters.http.auth import Authenticator, Unauthorized
-from nereus.adapters.http.backend import EmbeddedBackend, TimerBackend
-from nereus.adapters.http.batch import (
-    CancelOp,
-    Checked,
-    RescheduleOp,
-    ScheduleOp,
-    identity_problem,
-    json_field,
-    parse_batch,
-)
-from nereus.adapters.http.contract import (
-    LIST_DEFAULT_LIMIT,
-    LIST_MAX_LIMIT,
-    METERED_STATUSES,
-    Route,
-)
+from nereus.adapters.http.batch import identity_problem, json_field
+from nereus.adapters.http.contract import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT, Route
 from nereus.adapters.http.errors import JSON, ApiError, Response, error_response, json_response
 from nereus.adapters.http.openapi import build_document
-from nereus.adapters.http.policy import Policy, quota_need
+from nereus.adapters.http.policy import Policy
 from nereus.adapters.http.process import ProcessMetrics
-from nereus.adapters.http.shapes import peek_json, result_json, row_json
-from nereus.adapters.local.embedded import Nereus, schedule_record, to_result
-from nereus.adapters.metering import Blocks, Meter, RateLimiter, Reservation
+from nereus.adapters.http.routing import Request
+from nereus.adapters.http.shapes import peek_json, row_json
+from nereus.adapters.http.writes import Writes
+from nereus.adapters.metering import Blocks, Meter, RateLimiter
 from nereus.adapters.tenancy import Principal, Tenancy
-from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
-from nereus.kernel.records import Appendable, Cancel, Reschedule
-from nereus.kernel.validation import check_txn
-from nereus.runtime.errors import Overloaded, RuntimeHalted
 from nereus.runtime.log import Logger
 from nereus.service import readiness
 from nereus.service.access import GRANTS
-from nereus.service.codes import NAMES_JSON
+from nereus.service.port import TimerService
 
 T = TypeVar("T")
 Handler = Callable[[Principal | None, "Request"], Awaitable[Response]]
@@ -90,56 +70,23 @@ REQUEST_SECONDS = "nereus_http_request_duration_seconds"
 REQUEST_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
-class Request:
-    """One request as the handlers see it: decoded path parameters, the raw query, the
-    body read whole, and lower-cased header names."""
-
-    __slots__ = ("body", "headers", "method", "params", "query")
-
-    def __init__(
-        self,
-        method: str,
-        params: dict[str, str],
-        query: str,
-        body: bytes,
-        headers: Mapping[str, str],
-    ) -> None:
-        self.method = method
-        self.params = params
-        self.query = query
-        self.body = body
-        self.headers = headers
-
-
-@contextlib.contextmanager
-def _commit_errors() -> Iterator[None]:
-    """The physical answers every commit shares."""
-    try:
-        yield
-    except Overloaded as exc:
-        raise ApiError("overloaded", str(exc), headers=(("Retry-After", "1"),)) from exc
-    except (RuntimeHalted, TimeoutError, Unavailable) as exc:
-        raise ApiError("unavailable", str(exc)) from exc
-
-
 class TimerApi:
-    """Routes requests to a backend; independent of the server, so tests can call `respond`
+    """Routes requests to the service (`service.port.TimerService`: `nereus.service`, or
+    Kafka mode's `KafkaService`); independent of the server, so tests can call `respond`
     (async) or `handle` (sync) directly."""
 
     def __init__(
         self,
-        backend: Nereus | TimerBackend,
+        service: TimerService,
         *,
         tenancy: Tenancy | None = None,
         commit_timeout_s: float = 30.0,
         rate_limiter: RateLimiter | None = None,
         logger: Logger | None = None,
     ) -> None:
-        self.backend: TimerBackend = (
-            EmbeddedBackend(backend) if isinstance(backend, Nereus) else backend
-        )
+        self.service = service
         self.tenancy = tenancy or Tenancy.open_default()
-        self.kernel = self.backend.kernel_config
+        self.kernel = self.service.kernel_config
         self.tenancy.check_kernel(self.kernel)
         self.limits = {
             name: self.tenancy.limits(name, self.kernel) for name in self.tenancy.tenants
@@ -151,23 +98,32 @@ class TimerApi:
             else None,
         )
         self.commit_timeout_s = commit_timeout_s
-        self.meter = Meter(self.backend.metrics, self.tenancy.tenants)
+        self.meter = Meter(self.service.metrics, self.tenancy.tenants)
         self.blocks = Blocks()
         self.policy = Policy(self.tenancy, rate_limiter or RateLimiter(), self.blocks)
         self.log = (logger or Logger()).child("http")
-        self.process = ProcessMetrics(self.backend.metrics)
+        self.process = ProcessMetrics(self.service.metrics)
         # Under `serve --processes`: this process's metrics text -> the machine's (set by
         # `adapters.compose.processes.join_siblings`); None answers for this process alone.
         self.machine_metrics: Callable[[str], str] | None = None
-        self.backend.metrics.describe(
+        self.service.metrics.describe(
             REQUEST_SECONDS, "histogram", "HTTP request durations by route and status."
         )
         self._openapi_body = msgspec.json.encode(build_document(self.tenancy, self.kernel))
-        self._inline_reads = bool(getattr(self.backend, "inline_reads", False))
+        self._inline_reads = service.inline_reads
         # Reads that may wait on a shard's lock (Kafka mode) run here, never on the loop.
         self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="nereus-http-read")
+        self.writes = Writes(
+            service,
+            tenancy=self.tenancy,
+            policy=self.policy,
+            meter=self.meter,
+            limits=self.limits,
+            commit_timeout_s=commit_timeout_s,
+            read=self._read,
+        )
         self._handlers: dict[tuple[str, str], Handler] = {
-            ("POST", "/api/v1/timers"): self._post,
+            ("POST", "/api/v1/timers"): self.writes.post,
             ("DELETE", "/api/v1/timers/{queue}/{timerKey}"): self._delete,
             ("GET", "/api/v1/timers/{queue}/{timerKey}"): self._peek,
             ("GET", "/api/v1/timers/{queue}"): self._list,
@@ -229,7 +185,7 @@ class TimerApi:
 
     def observe(self, route: str, status: int, started: float) -> None:
         """Count one answered request (the server's own answers use the route "other")."""
-        metrics = self.backend.metrics
+        metrics = self.service.metrics
         labels = {"route": route, "status": str(status)}
         metrics.inc("nereus_http_requests_total", labels=labels)
         metrics.observe(REQUEST_SECONDS, time.perf_counter() - started, labels, REQUEST_BUCKETS_S)
@@ -256,7 +212,7 @@ class TimerApi:
         return who
 
     async def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """A backend read: inline when it cannot block, else on the read threads."""
+        """A read of the service: inline when it cannot block, else on the read threads."""
         try:
             if self._inline_reads:
                 return fn(*args, **kwargs)
@@ -273,11 +229,11 @@ class TimerApi:
     # Public -------------------------------------------------------------------------------
 
     async def _health(self, _who: Principal | None, _req: Request) -> Response:
-        ok, doc = self.backend.health()
+        ok, doc = self.service.health()
         return json_response(200 if ok else 503, doc)
 
     async def _ready(self, _who: Principal | None, _req: Request) -> Response:
-        status, doc = readiness.answer(self.backend.readiness())
+        status, doc = readiness.answer(self.service.readiness())
         return json_response(status, doc)
 
     async def _metrics(self, _who: Principal | None, _req: Request) -> Response:
@@ -290,144 +246,21 @@ class TimerApi:
     def own_metrics(self) -> str:
         """This process's metrics alone, `process_*` read afresh."""
         self.process.refresh()
-        return self.backend.metrics.render()
+        return self.service.metrics.render()
 
     async def _openapi_doc(self, _who: Principal | None, _req: Request) -> Response:
         return Response(200, JSON, self._openapi_body)
 
-    # Commands -----------------------------------------------------------------------------
-
-    async def _commit(self, items: list[Appendable]) -> list[EntryOutcome]:
-        with _commit_errors():
-            return await self.backend.execute_async(items, self.commit_timeout_s)
-
-    async def _post(self, who: Principal | None, req: Request) -> Response:
-        assert who is not None
-        policy = self.policy.tenant(who)
-        checked = parse_batch(
-            req.body,
-            tenant=who.tenant,
-            limits=self.limits[who.tenant],
-            kernel=self.kernel,
-            queue_keys=policy.queue_keys,
-            clear_headers=policy.clear_header_queues,
-        )
-        self.policy.take_rate(who, len(checked))
-        reservation = await self._admit(who, checked) if any(c.produces for c in checked) else None
-        items = [self._item(who, c) for c in checked]
-        try:
-            outcomes = await self._commit(items)
-        finally:
-            if reservation is not None:
-                # Answered or failed: what it committed is in the usage later checks read.
-                reservation.release()
-        results = [
-            result_json(to_result(outcome, item[0], self.kernel, NAMES_JSON), c.kind)
-            for c, item, outcome in zip(checked, items, outcomes, strict=True)
-        ]
-        metered = sum(
-            1
-            for c, r in zip(checked, results, strict=True)
-            if c.produces and r["status"] in METERED_STATUSES
-        )
-        if metered:
-            self.meter.add(who.tenant, metered)
-        return json_response(200, {"results": results})
-
-    async def _admit(self, who: Principal, checked: list[Checked]) -> Reservation | None:
-        """A producing batch's checks after the rate: blocks, quota, storage. Returns the
-        quota reservation the batch holds until its commit is answered (None without a
-        quota)."""
-        self.policy.check_block(who)
-        policy = self.policy.tenant(who)
-        reservation = None
-        if policy.has_quota:
-            need = quota_need(checked, policy.queue_keys, policy.clear_header_queues)
-            reservation = await self._read(
-                self.policy.reserve_quota, who, need, self.backend.tenant_usage
-            )
-        try:
-            self.policy.check_storage(await self._read(self.backend.map_usage))
-        except BaseException:
-            if reservation is not None:
-                reservation.release()
-            raise
-        return reservation
-
-    def _item(self, who: Principal, c: Checked) -> Appendable:
-        op = c.op
-        if isinstance(op, CancelOp):
-            return Cancel(who.tenant, op.queue, op.timer_key, txn=op.txn), None
-        if isinstance(op, RescheduleOp):
-            record = Reschedule(
-                tenant=who.tenant,
-                queue=op.queue,
-                timer_key=op.timer_key,
-                txn=op.txn or uuid.uuid4().hex,
-                delay_ms=op.delay_ms,
-            )
-            return record, None
-        payload, headers, encrypted = c.payload, c.headers, False
-        policy = self.policy.tenant(who)
-        key_id = policy.queue_keys.get(op.queue)
-        if key_id is not None:
-            # Sealed headers ride inside the envelope, so the record carries none in clear.
-            sealed = policy.sealed_headers(op.queue)
-            payload = self._seal(who, key_id, op, c.payload, headers if sealed else ())
-            headers, encrypted = (() if sealed else headers), True
-        return schedule_record(
-            op.queue,
-            op.timer_key,
-            payload,
-            tenant=who.tenant,
-            delay_ms=op.delay_ms,
-            txn=op.txn,
-            partition=op.partition,
-            headers=headers,
-            producer_sub=who.subject,
-            encrypted=encrypted,
-        )
-
-    def _seal(
-        self,
-        who: Principal,
-        key_id: str,
-        op: ScheduleOp,
-        clear: bytes,
-        headers: tuple[tuple[str, str], ...],
-    ) -> bytes:
-        """The envelope to schedule. Sealing is deterministic (adapters/crypto.py) and the
-        headers come sorted, so an identical retry is the identical request and the kernel
-        answers `unchanged`."""
-        return crypto.seal_message(
-            self.tenancy.keyring,
-            key_id,
-            clear,
-            headers,
-            tenant=who.tenant,
-            queue=op.queue,
-            timer_key=op.timer_key,
-        )
+    # Commands ----------------------------------------------------------------------------
 
     async def _delete(self, who: Principal | None, req: Request) -> Response:
         assert who is not None
-        ok, _ = self.backend.health()
+        ok, _ = self.service.health()
         if not ok:
             raise ApiError("not_booted", "the service is not booted (see /healthz)")
         queue, timer_key = req.params["queue"], req.params["timerKey"]
         self._check_path(who, queue, timer_key)
-        txn = routing.parse_query(req.query).get("txn")
-        if txn is not None and check_txn(txn, self.kernel) is not None:
-            raise ApiError("invalid_query", f"txn must be 1..{self.kernel.max_txn_bytes} bytes")
-        cancel = Cancel(who.tenant, queue, timer_key, txn=txn)
-        with _commit_errors():
-            outcomes = await self.backend.cancel_async(
-                [(cancel, None)], lambda: self.policy.take_delete(who), self.commit_timeout_s
-            )
-        if outcomes is None:
-            raise self.policy.refuse_delete(who)
-        result = to_result(outcomes[0], cancel, self.kernel, NAMES_JSON)
-        return json_response(200, result_json(result, "cancel"))
+        return await self.writes.delete(who, req, queue, timer_key)
 
     async def _dlq_replay(self, _who: Principal | None, _req: Request) -> Response:
         raise ApiError(
@@ -442,7 +275,7 @@ class TimerApi:
         assert who is not None
         queue, timer_key = req.params["queue"], req.params["timerKey"]
         self._check_path(who, queue, timer_key)
-        p = await self._read(self.backend.peek, queue, timer_key, tenant=who.tenant)
+        p = await self._read(self.service.peek, queue, timer_key, tenant=who.tenant)
         return json_response(200, peek_json(p))
 
     async def _list(self, who: Principal | None, req: Request) -> Response:
@@ -460,7 +293,7 @@ class TimerApi:
                 raise ApiError("invalid_query", "limit must be an integer") from None
             limit = min(max(limit, 1), LIST_MAX_LIMIT)
         rows, truncated = await self._read(
-            self.backend.list_timers, queue, after, limit, tenant=who.tenant
+            self.service.list_timers, queue, after, limit, tenant=who.tenant
         )
         return json_response(
             200,

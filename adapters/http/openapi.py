@@ -57,6 +57,19 @@ def _obj(
 
 
 def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
+    """The components' schemas, in the document's order: the requests, the answers, the
+    admin and probe bodies."""
+    evidence = _evidence()
+    return {
+        **_request_schemas(_fields(kernel), kernel),
+        **_answer_schemas(evidence, _row(evidence)),
+        **_admin_schemas(),
+    }
+
+
+def _fields(kernel: KernelConfig) -> dict[str, dict[str, Any]]:
+    """The schemas of the request fields the configuration bounds: queue, timerKey, txn and
+    delayMs."""
     # The limits are on UTF-8 bytes (what the store keys on), which JSON Schema cannot say:
     # maxLength counts characters, and no string of more characters than the byte limit can
     # fit it, so maxLength is the bound a schema can state; x-nereus-max-bytes is the rule.
@@ -95,7 +108,11 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
         "horizon (min of cell and tenant; the kernel allows at most "
         f"{kernel.limits.max_delay_horizon_ms}) is 403 horizon_exceeded.",
     }
-    evidence = _obj(
+    return {"queue": queue, "timerKey": timer_key, "txn": txn, "delayMs": delay}
+
+
+def _evidence() -> dict[str, Any]:
+    return _obj(
         {
             "destination": _STR,
             "partition": _INT,
@@ -111,7 +128,11 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
         },
         required=["destination", "partition", "offset", "timestamp"],
     )
-    row = {
+
+
+def _row(evidence: dict[str, Any]) -> dict[str, Any]:
+    """A timer's fields as a peek and a list row show them."""
+    return {
         "queue": _STR,
         "timerKey": _STR,
         "status": {
@@ -144,17 +165,12 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
             "before (so always null for a listed timer, which is live).",
         },
     }
-    peek_found = {
-        **row,
-        "found": {"const": True},
-        "payload": {
-            **_nullable("string"),
-            "contentEncoding": "base64",
-            "description": "The bytes as stored (an envelope for an encrypted queue); null "
-            "once a finished timer's bytes were dropped.",
-        },
-        "claimed": _BOOL,
-    }
+
+
+def _request_schemas(fields: dict[str, dict[str, Any]], kernel: KernelConfig) -> dict[str, Any]:
+    queue, timer_key, txn, delay = (
+        fields[name] for name in ("queue", "timerKey", "txn", "delayMs")
+    )
     return {
         "Error": _obj(
             {
@@ -215,6 +231,22 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
                 }
             }
         ),
+    }
+
+
+def _answer_schemas(evidence: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    peek_found = {
+        **row,
+        "found": {"const": True},
+        "payload": {
+            **_nullable("string"),
+            "contentEncoding": "base64",
+            "description": "The bytes as stored (an envelope for an encrypted queue); null "
+            "once a finished timer's bytes were dropped.",
+        },
+        "claimed": _BOOL,
+    }
+    return {
         "Result": _obj(
             {
                 "ok": _BOOL,
@@ -251,6 +283,11 @@ def _schemas(tenancy: Tenancy, kernel: KernelConfig) -> dict[str, Any]:
                 "nextAfter": _nullable("string"),
             }
         ),
+    }
+
+
+def _admin_schemas() -> dict[str, Any]:
+    return {
         "Metering": _obj(
             {
                 "tenant": _STR,

@@ -30,6 +30,27 @@ _PARAM_PATTERN: Final = {"queue": r"[^/]*", "timerKey": r".*"}
 _METHODS: Final = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE"})
 
 
+class Request:
+    """One request as the handlers see it: decoded path parameters, the raw query, the
+    body read whole, and lower-cased header names."""
+
+    __slots__ = ("body", "headers", "method", "params", "query")
+
+    def __init__(
+        self,
+        method: str,
+        params: dict[str, str],
+        query: str,
+        body: bytes,
+        headers: Mapping[str, str],
+    ) -> None:
+        self.method = method
+        self.params = params
+        self.query = query
+        self.body = body
+        self.headers = headers
+
+
 def _compile(template: str) -> re.Pattern[str]:
     parts: list[str] = []
     at = 0

@@ -1,6 +1,6 @@
 """`HttpServer`: the timer API's ASGI app on uvicorn, in a thread with its own event loop.
 
-    server = HttpServer(TimerApi(nereus), "127.0.0.1", 0)   # binds now: errors surface here
+    server = HttpServer(TimerApi(nereus.service), "127.0.0.1", 0)   # binds now: errors surface here
     server.start()                                          # serving when this returns
     ... server.port ...
     server.stop()                                           # graceful: answers in flight

@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from nereus.adapters.local.embedded import Peek, Result
 from nereus.kernel.model import Message
 from nereus.kernel.records import Evidence
+from nereus.service.results import Peek, Result
 
 
 def result_json(result: Result, kind: str) -> dict[str, Any]:

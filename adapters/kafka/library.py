@@ -26,27 +26,19 @@ and needs no clock.
 
 from __future__ import annotations
 
-import asyncio
-import builtins
-from collections.abc import Sequence
 from typing import Literal, TypedDict, Unpack
 
 import msgspec
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
-from nereus.adapters.local.commands import TimerCommands
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import Appendable
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
-from nereus.runtime.guard import check_items
 from nereus.runtime.log import Logger
 from nereus.runtime.metrics import Metrics
+from nereus.service.calls import TimerCalls
 from nereus.service.clock_bound import clock_problem, library_refusal
-from nereus.service.results import Listing, Peek, listing_of, peek_of
 
 
 class KafkaOptions(TypedDict, total=False):
@@ -76,7 +68,9 @@ class KafkaOptions(TypedDict, total=False):
     client_config: dict[str, str | int | float | bool]
 
 
-class KafkaNereus(TimerCommands):
+class KafkaNereus(TimerCalls):
+    service: KafkaService
+
     def __init__(self, service: KafkaService, *, timeout_s: float = 30.0) -> None:
         self.service = service
         self.timeout_s = timeout_s
@@ -130,37 +124,6 @@ class KafkaNereus(TimerCommands):
         )
         service.start()
         return cls(service, timeout_s=timeout_s)
-
-    @property
-    def kernel_config(self) -> KernelConfig:
-        return self.service.kernel_config
-
-    def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
-        # The owner would drop a record it cannot decode, and this call would wait for it.
-        check_items(items)
-        return self.service.execute(items, self.timeout_s)
-
-    async def _run_async(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
-        check_items(items)
-        return await self.service.execute_async(items, self.timeout_s)
-
-    def _peek(self, tenant: str, queue: str, timer_key: str) -> Peek:
-        if not self.service.config.own_shards:
-            raise ShardNotLocal("a client-only instance owns no shard: peek through a service")
-        return self.service.peek(queue, timer_key, tenant=tenant)
-
-    def _list(self, tenant: str, queue: str, after: str | None, limit: int) -> Listing:
-        if not self.service.config.own_shards:
-            raise ShardNotLocal("a client-only instance owns no shard: list through a service")
-        rows, truncated = self.service.list_timers(queue, after, limit, tenant=tenant)
-        return listing_of([peek_of(m, None, None) for m in rows], truncated)
-
-    # Shard reads take the shard's lock, which a tick holds: off the event loop.
-    async def _peek_async(self, tenant: str, queue: str, timer_key: str) -> Peek:
-        return await asyncio.to_thread(self._peek, tenant, queue, timer_key)
-
-    async def _list_async(self, tenant: str, queue: str, after: str | None, limit: int) -> Listing:
-        return await asyncio.to_thread(self._list, tenant, queue, after, limit)
 
     def close(self) -> None:
         self.service.close()

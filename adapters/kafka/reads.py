@@ -23,10 +23,11 @@ from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.ownership import OwnedShard
 from nereus.adapters.kafka.siblings import Part, merge_parts
 from nereus.adapters.kafka.wire import shard_for
-from nereus.adapters.local.embedded import Peek, peek_store
 from nereus.kernel.model import Message, TenantUsage
 from nereus.kernel.records import Cancel
 from nereus.runtime.absent import committed_verdict
+from nereus.service.embedded import peek_store
+from nereus.service.results import Peek
 
 
 def peek(

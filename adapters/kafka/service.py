@@ -40,7 +40,6 @@ from nereus.adapters.kafka.ownership import ShardOwnership, ShardParts
 from nereus.adapters.kafka.rpc import CommandRpc
 from nereus.adapters.kafka.siblings import Part, Siblings, merge_parts
 from nereus.adapters.kafka.topics import ensure_topics
-from nereus.adapters.local.embedded import Peek
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
@@ -49,6 +48,7 @@ from nereus.kernel.records import Appendable, Cancel
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Destination
+from nereus.runtime.guard import check_items
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.service.clock_bound import clock_problem
@@ -59,6 +59,7 @@ from nereus.service.readiness import (
     clock_reason,
     shard_reasons,
 )
+from nereus.service.results import Peek
 from nereus.storage import files
 from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
@@ -72,7 +73,11 @@ ENVELOPE_RESERVE_BYTES = 256 * 1024
 
 
 class KafkaService:
-    """A `adapters.http.backend.TimerBackend` over the Kafka-partitioned shard log."""
+    """The application layer's port (`service.port.TimerService`) over the
+    Kafka-partitioned shard log."""
+
+    # Shard reads take the shard's lock, which a tick holds: off the event loop.
+    inline_reads = False
 
     def __init__(
         self,
@@ -156,11 +161,14 @@ class KafkaService:
 
     def execute(self, items: Sequence[Appendable], timeout_s: float) -> list[EntryOutcome]:
         """Produce each command to its shard and wait for every outcome (`adapters.kafka.rpc`)."""
+        # The owner would drop a record it cannot decode, and this call would wait for it.
+        check_items(items)
         return self.rpc.execute(items, timeout_s)
 
     async def execute_async(
         self, items: Sequence[Appendable], timeout_s: float
     ) -> list[EntryOutcome]:
+        check_items(items)
         return await self.rpc.execute_async(items, timeout_s)
 
     async def cancel_async(
@@ -183,6 +191,8 @@ class KafkaService:
 
     def peek(self, queue: str, timer_key: str, *, tenant: str = DEFAULT_TENANT) -> Peek:
         """From the shard's store, here or, under a supervisor, in a sibling process."""
+        if not self.config.own_shards:
+            raise ShardNotLocal("a client-only instance owns no shard: peek through a service")
         try:
             return self.peek_here(tenant, queue, timer_key)
         except ShardNotLocal:
@@ -200,6 +210,8 @@ class KafkaService:
         """The queue's live timers after `after` in key byte order, merged over every shard
         (all of which must be owned and caught up here, or in this supervisor's other
         processes, else ShardNotLocal)."""
+        if not self.config.own_shards:
+            raise ShardNotLocal("a client-only instance owns no shard: list through a service")
         owned = self.ownership.snapshot()
         if self.siblings is None:
             return reads.list_timers(owned, self.shards, queue, after, limit, tenant=tenant)

@@ -13,10 +13,12 @@
                 print("delivered", record.payload)
 
 Theory of operation: a thin facade over `runtime.ShardRuntime`: it opens the shard store
-(`DIR/shard`) and the local destination (`DIR/destination`), builds checked records from the
-caller's arguments (`adapters.local.commands`; payload bytes are hashed there, the log holds
-only the digest), and waits for each command's durable outcome, on the caller's thread or,
-for the `_async` calls, on the event loop. A cancel that would change nothing (a key with no
+(`DIR/shard`) and the local destination (`DIR/destination`) and puts the application layer's
+port over them (`nereus.service`, a `service.embedded.EmbeddedService`). Its calls are the
+application layer's (`service.calls`): they build checked records from the caller's
+arguments (`service.arguments`; payload bytes are hashed there, the log holds only the
+digest) and wait for each command's durable outcome, on the caller's thread or, for the
+`_async` calls, on the event loop. A cancel that would change nothing (a key with no
 row, a finished timer) and has no command for its key in flight is answered from committed
 state, by the kernel's own verdict, without an entry (`runtime.absent`).
 The program receives its timers through `consumer()`, a consumer group's durable position
@@ -31,42 +33,36 @@ from __future__ import annotations
 import asyncio
 import builtins
 import os
-import threading
 from collections.abc import Callable, Sequence
-
-import msgspec
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.async_consumer import AsyncConsumer
-from nereus.adapters.local.commands import TimerCommands, await_command
 from nereus.adapters.local.consumer import DEFAULT_MAX_BATCH, LocalConsumer
 from nereus.adapters.local.destination import LocalDestination
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.keys import DEFAULT_TENANT, message_id
-from nereus.kernel.model import Message, Status, Table
-from nereus.kernel.records import Appendable, Schedule
-from nereus.runtime.absent import answer_committed, submit_drained
+from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.kernel.records import Appendable
 from nereus.runtime.clock import ClockSource
 from nereus.runtime.config import RuntimeConfig
-from nereus.runtime.destination import Destination, capability_for
+from nereus.runtime.destination import Destination
 from nereus.runtime.intake import CommandFuture
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
 from nereus.service.arguments import schedule_record
-from nereus.service.clock_bound import (
-    CLOCK_UNBOUNDED,
-    ClockUnbounded,
-    clock_problem,
-    library_refusal,
-)
-from nereus.service.results import Listing, Peek, Result, listing_of, peek_of, to_result
+from nereus.service.calls import TimerCalls
+from nereus.service.clock_bound import ClockUnbounded, clock_problem, library_refusal
+from nereus.service.embedded import EmbeddedService, list_store, peek_store, pin_capabilities
+from nereus.service.results import Listing, Peek, Result, to_result
 from nereus.storage import files
 from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
+
+# `TimerCommands`, `list_store`, `peek_store`, `pin_capabilities`, `schedule_record` and
+# `to_result` moved to the application layer (`service.*`); imported from here as before.
+TimerCommands = TimerCalls
 
 __all__ = [
     "ClockUnbounded",
@@ -77,6 +73,7 @@ __all__ = [
     "TimerCommands",
     "list_store",
     "peek_store",
+    "pin_capabilities",
     "schedule_record",
     "to_result",
 ]
@@ -85,9 +82,13 @@ __all__ = [
 COMMAND_TIMEOUT_S = 30.0
 
 
-class Nereus(TimerCommands):
-    """One embedded shard: `Nereus.open(DIR)`, the calls of `TimerCommands`, and
-    `consumer()` to receive the timers it delivers."""
+class Nereus(TimerCalls):
+    """One embedded shard: `Nereus.open(DIR)`, the calls of `TimerCalls` over its
+    `service` (`service.embedded.EmbeddedService`), and `consumer()` to receive the timers
+    it delivers."""
+
+    service: EmbeddedService
+    timeout_s = COMMAND_TIMEOUT_S
 
     def __init__(
         self,
@@ -105,8 +106,8 @@ class Nereus(TimerCommands):
         # The data directory's lock (`Nereus.open`): this object owns DIR until `close`.
         self._lock = lock
         self._consumers: builtins.list[LocalConsumer] = []
-        # Makes "judge a rate-limited caller's cancel, then append it" one step.
-        self._drained = threading.Lock()
+        # The port every edge uses (the HTTP API: `TimerApi(nereus.service)`).
+        self.service = EmbeddedService(store, runtime, destination)
 
     @classmethod
     def open(
@@ -166,10 +167,6 @@ class Nereus(TimerCommands):
             lock.release()
             raise
         return cls(store, dest, runtime, lock, allow_unbounded_clock=allow_unbounded_clock)
-
-    @property
-    def kernel_config(self) -> KernelConfig:
-        return self.store.config
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -271,22 +268,26 @@ class Nereus(TimerCommands):
             )
         )
 
+    def _check_async(self) -> None:
+        if self.runtime._loop_thread is None:
+            raise RuntimeError(
+                "the _async calls wait for the runtime's thread: call start(), or run "
+                "run_async() in a task, first"
+            )
+
     # Commands -----------------------------------------------------------------------------
 
     def pin(self, items: Sequence[Appendable]) -> builtins.list[Appendable]:
         """The items with every schedule pinned to the capability its queue's destination
         offers now (a Pulsar handoff target's delayed handoff, or ordinary delivery)."""
-        return pin_capabilities(items, self.destination)
+        return self.service.pin(items)
 
     def submit(self, items: Sequence[Appendable]) -> CommandFuture:
         """Submit a unit of commands; the future completes with their outcomes once
         durable. A unit of cancels whose verdict would change nothing, with nothing in
         flight for their keys, is answered at once from committed state, without an entry
         (`runtime.absent`)."""
-        answered = answer_committed(self.runtime, items)
-        if isinstance(answered, CommandFuture):
-            return answered
-        return self.runtime.submit(self.pin(items))
+        return self.service.submit(items)
 
     def submit_cancels(
         self, items: Sequence[Appendable], may_append: Callable[[], bool]
@@ -295,35 +296,7 @@ class Nereus(TimerCommands):
         takes a token) only when the unit must be appended. Without a token, a unit whose
         verdict changes state (a pending timer's cancel) is appended all the same, and None
         means something for its keys is in flight: ask again later (`runtime.absent`)."""
-        answered = answer_committed(self.runtime, items)
-        if isinstance(answered, CommandFuture):
-            return answered
-        if may_append():
-            return self.runtime.submit(self.pin(items))
-        return submit_drained(self.runtime, self.pin(items), self._drained)
-
-    def _run(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
-        future = self.submit(items)
-        if self.runtime._loop_thread is None:
-            # Not started: commit on the caller's thread so the API works without a loop.
-            while not future.done():
-                self.runtime.run_once()
-            return future.result(0)
-        return future.result(COMMAND_TIMEOUT_S)
-
-    async def _run_async(self, items: Sequence[Appendable]) -> builtins.list[EntryOutcome]:
-        if self.runtime._loop_thread is None:
-            raise RuntimeError(
-                "the _async calls wait for the runtime's thread: call start(), or run "
-                "run_async() in a task, first"
-            )
-        return await await_command(self.submit(items), COMMAND_TIMEOUT_S)
-
-    def _peek(self, tenant: str, queue: str, timer_key: str) -> Peek:
-        return peek_store(self.store, self.runtime, queue, timer_key, tenant=tenant)
-
-    def _list(self, tenant: str, queue: str, after: str | None, limit: int) -> Listing:
-        return list_store(self.store, tenant, queue, after, limit)
+        return self.service.submit_cancels(items, may_append)
 
 
 def _log_host_clock(log: Logger, clock: ClockSource) -> None:
@@ -337,48 +310,3 @@ def _log_host_clock(log: Logger, clock: ClockSource) -> None:
         )
     elif status.assumed:
         log.warning("clock_error_assumed", error_bound_ms=status.error_bound_ms)
-
-
-def pin_capabilities(items: Sequence[Appendable], destination: Destination) -> list[Appendable]:
-    """Schedules pinned to the capability `destination` offers for their queue."""
-    out: list[Appendable] = []
-    for record, payload in items:
-        if isinstance(record, Schedule):
-            pinned = capability_for(destination, record.queue, tenant=record.tenant)
-            if pinned != record.capability:
-                out.append((msgspec.structs.replace(record, capability=pinned), payload))
-                continue
-        out.append((record, payload))
-    return out
-
-
-def peek_store(
-    store: ShardStore,
-    runtime: ShardRuntime,
-    queue: str,
-    timer_key: str,
-    *,
-    tenant: str = DEFAULT_TENANT,
-) -> Peek:
-    """A timer's row as the shard store holds it (and whether the runtime has it in hand)."""
-    mid = message_id(tenant, queue, timer_key)
-    with store.read() as view:
-        m = view.get(Table.MESSAGES, mid.encode())
-        payload = view.payload(m.payload_digest) if isinstance(m, Message) else None
-    if not isinstance(m, Message):
-        return Peek(found=False, queue=queue, timer_key=timer_key)
-    peek = peek_of(m, payload, runtime.is_claimed(m))
-    if m.status is Status.SCHEDULED and runtime.waiting_for_clock:
-        # Nothing admits or expires it until the clock is bounded: say so where a user
-        # looks, not only in a metric (the row's own last_error stays in the log).
-        return msgspec.structs.replace(peek, last_error=CLOCK_UNBOUNDED)
-    return peek
-
-
-def list_store(
-    store: ShardStore, tenant: str, queue: str, after: str | None, limit: int
-) -> Listing:
-    """A page of the queue's live timers as the shard store holds them."""
-    with store.read() as view:
-        rows, truncated = view.list_timers(tenant, queue, after, limit)
-    return listing_of([peek_of(m, None, None) for m in rows], truncated)

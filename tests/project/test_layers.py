@@ -92,21 +92,6 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 }
 FACADES = frozenset({"adapters", "nereus"})
 
-# Crossings the `svc` part of issue 33 removes in its own files (the HTTP edge and Kafka
-# mode reaching into the local edge for the embedded service, its results and peeks); listed
-# so this branch passes before that one is merged. Emptied at merge.
-PENDING_SVC: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("nereus.adapters.http.api", "nereus.adapters.local.embedded"),
-        ("nereus.adapters.http.backend", "nereus.adapters.local.commands"),
-        ("nereus.adapters.http.backend", "nereus.adapters.local.embedded"),
-        ("nereus.adapters.http.shapes", "nereus.adapters.local.embedded"),
-        ("nereus.adapters.kafka.library", "nereus.adapters.local.commands"),
-        ("nereus.adapters.kafka.reads", "nereus.adapters.local.embedded"),
-        ("nereus.adapters.kafka.service", "nereus.adapters.local.embedded"),
-    }
-)
-
 
 class Crossing(NamedTuple):
     """One import the table forbids: who, what, and the line."""
@@ -230,18 +215,11 @@ def _product_crossings() -> list[Crossing]:
 
 
 def test_no_module_imports_across_the_rules() -> None:
-    bad = [c for c in _product_crossings() if (c.importer, c.imported) not in PENDING_SVC]
+    bad = _product_crossings()
     assert bad == [], "\n".join(
         f"{c.importer} (line {c.line}) imports {c.imported}: not allowed by specs/layers.md"
         for c in bad
     )
-
-
-def test_the_pending_crossings_still_exist_until_they_are_emptied() -> None:
-    """PENDING_SVC only excuses what is still there: an entry the code no longer has is
-    stale and must go (the set is emptied when the `svc` part is merged)."""
-    present = {(c.importer, c.imported) for c in _product_crossings()}
-    assert PENDING_SVC - present == set()
 
 
 def test_every_adapter_module_is_classified() -> None:
@@ -258,7 +236,7 @@ def test_the_scan_reads_every_layer_and_edge() -> None:
 
 def test_only_the_composition_root_imports_several_edges() -> None:
     """Which units import more than one edge package: the composition root, and the public
-    facades through the library entry points; nothing else (pending crossings aside)."""
+    facades through the library entry points; nothing else."""
     reached: dict[str, set[str]] = {}
     sources = product_sources()
     known = set(sources) | _packages_of(sources)
@@ -267,7 +245,7 @@ def test_only_the_composition_root_imports_several_edges() -> None:
         package = module if module in _packages_of(sources) else module.rpartition(".")[0]
         for imported, _ in _imports(source, package, known):
             target = unit_of(imported)
-            if target in EDGES and (module, imported) not in PENDING_SVC:
+            if target in EDGES:
                 reached.setdefault(str(unit), set()).add(str(target))
     several = {unit for unit, edges in reached.items() if len(edges - {unit}) > 1}
     assert several <= {COMPOSITION, "adapters", "nereus"}, several

@@ -1,5 +1,5 @@
 """Cancels of finished timers answered from one snapshot, and a caller out of tokens
-(`runtime/absent.py`, `adapters/http/backend.py`; specs/http.md, "DELETE without an entry"
+(`runtime/absent.py`, `service/embedded.py`; specs/http.md, "DELETE without an entry"
 and "Rate limit").
 
 The rules, each checked against answers written from the rule:
@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 
 from nereus.adapters import Nereus
 from nereus.adapters.clock import SimulatedClock
-from nereus.adapters.http.backend import EmbeddedBackend
 from nereus.adapters.http.shapes import result_json
 from nereus.adapters.local.destination import LocalDestination
 from nereus.kernel.digest import state_digest
@@ -40,6 +39,7 @@ from nereus.kernel.model import TABLES
 from nereus.replay.fold import replay
 from nereus.service.arguments import cancel_record, schedule_record
 from nereus.service.codes import NAMES_JSON
+from nereus.service.embedded import EmbeddedService
 from nereus.service.results import to_result
 from tests.support.runtime_harness import T0_MS
 
@@ -158,7 +158,7 @@ def _never() -> bool:
     return False
 
 
-async def _drained(backend: EmbeddedBackend, key: str, count: int) -> list[str | None]:
+async def _drained(backend: EmbeddedService, key: str, count: int) -> list[str | None]:
     """`count` concurrent cancels of `key` from a caller with no token: their codes, None
     for a refusal."""
     items = [cancel_record("q", key)]
@@ -177,7 +177,7 @@ def test_a_caller_out_of_tokens_cancels_every_pending_timer_and_appends_nothing_
 ) -> None:
     with tempfile.TemporaryDirectory() as data, Nereus.open(data, assume_clock_error_ms=5) as n:
         n.start()
-        backend = EmbeddedBackend(n)
+        backend = n.service
         live: set[str] = set()
         scheduled: set[str] = set()
         appended = 0

@@ -53,7 +53,7 @@ def test_a_failed_round_appends_nothing_and_new_commands_are_refused(tmp_path: P
         assert n.store.log_last_position == before
         with pytest.raises(RuntimeHalted):
             n.runtime.submit([schedule_record("q", "later", b"x")])
-        api = TimerApi(n)
+        api = TimerApi(n.service)
         status, _, body = api.handle("GET", "/healthz", b"")
         assert status == 503 and json.loads(body)["ok"] is False
         op = {"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 0}

@@ -105,7 +105,7 @@ def test_allowed_unbounded_clock_fires_nothing_and_peek_says_why(tmp_path: Path)
     with Nereus.open(str(tmp_path), clock=clock, allow_unbounded_clock=True) as n:
         n.start()
         assert n.schedule("q", "due", b"x", delay_ms=0).status == "scheduled"
-        api = TimerApi(n)
+        api = TimerApi(n.service)
         _wait(n.runtime.is_recovered, "the shard recovered")
         time.sleep(0.2)  # many ticks: none may admit without a bound
         peek = n.peek("q", "due")
@@ -130,7 +130,7 @@ def test_allowed_unbounded_clock_fires_nothing_and_peek_says_why(tmp_path: Path)
 
 def test_ready_only_once_started_and_recovered(tmp_path: Path) -> None:
     with Nereus.open(str(tmp_path), clock=SimulatedClock(T0_MS)) as n:
-        api = TimerApi(n)
+        api = TimerApi(n.service)
         status, doc = _get(api, "/readyz")
         assert status == 503 and _codes(doc) == [("shard_recovering", 0)]
         n.start()
@@ -144,7 +144,7 @@ def test_a_halted_shard_is_never_ready(tmp_path: Path) -> None:
     # tests/runtime/test_runtime_halt.py), a real storage failure with nothing mocked.
     small = StoreOptions(map_size_bytes=512 * 1024)
     with Nereus.open(str(tmp_path), clock=SimulatedClock(T0_MS), store_options=small) as n:
-        api = TimerApi(n)
+        api = TimerApi(n.service)
         n.runtime.run_once()
         n.runtime.run_once()
         assert _get(api, "/readyz")[0] == 200, "recovered and bounded: ready before the halt"

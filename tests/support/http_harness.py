@@ -24,7 +24,6 @@ from typing import Any
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.http.api import TimerApi
-from nereus.adapters.http.backend import EmbeddedBackend
 from nereus.adapters.http.server import HttpServer
 from nereus.adapters.local.destination import LocalDestination, LocalRecord
 from nereus.adapters.local.embedded import Nereus
@@ -34,6 +33,7 @@ from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import Appendable
 from nereus.runtime.clock import ClockSource
+from nereus.service.embedded import EmbeddedService
 
 QUEUE = "reminders"
 SECRET_QUEUE = "secrets"
@@ -96,11 +96,11 @@ def reschedule(key: str, delay_ms: int, queue: str = QUEUE, **extra: Any) -> dic
     return {"op": "reschedule", "queue": queue, "timerKey": key, "delayMs": delay_ms, **extra}
 
 
-class Backend(EmbeddedBackend):
-    """The embedded backend with knobs for conditions that are hard to reach for real."""
+class Backend(EmbeddedService):
+    """The embedded service with knobs for conditions that are hard to reach for real."""
 
     def __init__(self, nereus: Nereus) -> None:
-        super().__init__(nereus)
+        super().__init__(nereus.store, nereus.runtime, nereus.destination)
         self.map_fraction: float | None = None
         self.booted = True
         self.fail_execute: BaseException | None = None

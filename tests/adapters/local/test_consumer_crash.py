@@ -53,7 +53,7 @@ def _schedule_all(data: Path) -> set[str]:
                 schedule_record("q", f"k{i}", f"p{i}".encode(), delay_ms=i % 2000)
                 for i in range(first, min(first + 500, RECORDS))
             ]
-            outcomes = n._run(items)
+            outcomes = n.service.execute(items, 30)
             assert all(o.code == "scheduled" for o in outcomes)
             mids.update(o.message_id for o in outcomes if o.message_id is not None)
     return mids
