@@ -4,8 +4,8 @@ Theory of operation: a batch is checked whole before anything is appended
 (`batch.parse_batch`); then the tenant's rate and, for a batch that would produce, the
 blocks, quota and storage (`policy`); a batch that passes the quota holds what it may add to
 the usage until its commit is answered, so concurrent batches count each other. Each checked
-operation becomes a record carrying the credential's tenant and subject (a schedule through
-the application layer's builder, `service.arguments.schedule_record`, sealed first when its
+operation becomes a record carrying the credential's tenant and subject, built by the
+application layer's builders (`service.arguments`; a schedule sealed first when its
 queue is encrypted), the batch is appended as one unit through the port
 (`TimerService.execute_async`) and answered in request order once durable, each outcome
 shaped by `service.results.to_result` in the API's names.
@@ -18,7 +18,6 @@ refuse (429 rate_limited) only one it has judged from committed state to cancel 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -35,10 +34,10 @@ from nereus.adapters.metering import Meter, Reservation
 from nereus.adapters.tenancy import Limits, Principal, Tenancy
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.records import Appendable, Cancel, Reschedule
+from nereus.kernel.records import Appendable, Cancel
 from nereus.kernel.validation import check_txn
 from nereus.runtime.errors import Overloaded, RuntimeHalted
-from nereus.service.arguments import schedule_record
+from nereus.service.arguments import cancel_record, reschedule_record, schedule_record
 from nereus.service.codes import NAMES_JSON
 from nereus.service.port import TimerService
 from nereus.service.results import to_result
@@ -141,16 +140,11 @@ class Writes:
     def _item(self, who: Principal, c: Checked) -> Appendable:
         op = c.op
         if isinstance(op, CancelOp):
-            return Cancel(who.tenant, op.queue, op.timer_key, txn=op.txn), None
+            return cancel_record(op.queue, op.timer_key, tenant=who.tenant, txn=op.txn)
         if isinstance(op, RescheduleOp):
-            record = Reschedule(
-                tenant=who.tenant,
-                queue=op.queue,
-                timer_key=op.timer_key,
-                txn=op.txn or uuid.uuid4().hex,
-                delay_ms=op.delay_ms,
+            return reschedule_record(
+                op.queue, op.timer_key, tenant=who.tenant, txn=op.txn, delay_ms=op.delay_ms
             )
-            return record, None
         payload, headers, encrypted = c.payload, c.headers, False
         policy = self.policy.tenant(who)
         key_id = policy.queue_keys.get(op.queue)
@@ -198,10 +192,12 @@ class Writes:
         txn = routing.parse_query(req.query).get("txn")
         if txn is not None and check_txn(txn, self.kernel) is not None:
             raise ApiError("invalid_query", f"txn must be 1..{self.kernel.max_txn_bytes} bytes")
-        cancel = Cancel(who.tenant, queue, timer_key, txn=txn)
+        item = cancel_record(queue, timer_key, tenant=who.tenant, txn=txn)
+        cancel = item[0]
+        assert isinstance(cancel, Cancel)
         with commit_errors():
             outcomes = await self.service.cancel_async(
-                [(cancel, None)], lambda: self.policy.take_delete(who), self.commit_timeout_s
+                [item], lambda: self.policy.take_delete(who), self.commit_timeout_s
             )
         if outcomes is None:
             raise self.policy.refuse_delete(who)
