@@ -33,10 +33,10 @@ from typing import Any
 from bench.common import PAYLOAD, Progress, pct, write_json
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
-from nereus.adapters.local.embedded import schedule_record
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import PreparedPublish, Send
 from nereus.runtime.shard import ShardRuntime
+from nereus.service.arguments import schedule_record
 from nereus.storage.store import ShardStore
 
 CLOCK_ERROR_MS = 1.0

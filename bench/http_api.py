@@ -40,7 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import PAYLOAD, Progress, write_json
-from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.adapters.local.embedded import Nereus
+from nereus.service.arguments import schedule_record
 
 BATCH = 256
 DELAY_MS = 3_600_000

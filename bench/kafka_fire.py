@@ -39,9 +39,9 @@ from bench.common import say, write_json
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.destination import KafkaDestination, KafkaDestinationConfig
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
-from nereus.adapters.local.embedded import schedule_record
 from nereus.runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_GENERATION, H_MESSAGE_ID, H_TXN
 from nereus.runtime.shard import ShardRuntime
+from nereus.service.arguments import schedule_record
 from nereus.storage.store import ShardStore
 
 PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'

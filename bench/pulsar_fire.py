@@ -39,11 +39,11 @@ import pulsar
 
 from bench.common import say
 from nereus import Nereus
-from nereus.adapters.local.embedded import schedule_record
 from nereus.adapters.pulsar.admin import PulsarAdmin
 from nereus.adapters.pulsar.config import PulsarTargetConfig
 from nereus.adapters.pulsar.destination import PulsarDestination
 from nereus.runtime.destination import H_ATTEMPT_ID, H_DELIVER_AT, H_GENERATION, H_MESSAGE_ID, H_TXN
+from nereus.service.arguments import schedule_record
 
 PAYLOAD = b'{"kind":"bench","pad":"' + b"x" * 64 + b'"}'
 LEAD_MS, BOUND_MS = 2_000, 20

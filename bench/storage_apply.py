@@ -38,9 +38,9 @@ from bench.common import PAYLOAD, T0_MS, Progress, say, status_mb, write_json
 from nereus import kernel as k
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
-from nereus.adapters.local.embedded import schedule_record
 from nereus.replay.fold import replay
 from nereus.runtime.shard import ShardRuntime
+from nereus.service.arguments import schedule_record
 from nereus.storage.codec import encode_entry
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore

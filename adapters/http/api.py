@@ -42,7 +42,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.http import routing
 from nereus.adapters.http.auth import Authenticator, Unauthorized
 from nereus.adapters.http.batch import identity_problem, json_field
@@ -60,6 +59,7 @@ from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.runtime.log import Logger
 from nereus.service import readiness
 from nereus.service.access import GRANTS
+from nereus.service.errors import ShardNotLocal
 from nereus.service.port import TimerService
 
 T = TypeVar("T")

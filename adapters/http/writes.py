@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from nereus.adapters import crypto
-from nereus.adapters.errors import Unavailable
 from nereus.adapters.http import routing
 from nereus.adapters.http.batch import CancelOp, Checked, RescheduleOp, ScheduleOp, parse_batch
 from nereus.adapters.http.contract import METERED_STATUSES
@@ -39,6 +38,7 @@ from nereus.kernel.validation import check_txn
 from nereus.runtime.errors import Overloaded, RuntimeHalted
 from nereus.service.arguments import cancel_record, reschedule_record, schedule_record
 from nereus.service.codes import NAMES_JSON
+from nereus.service.errors import Unavailable
 from nereus.service.port import TimerService
 from nereus.service.results import to_result
 

@@ -19,7 +19,6 @@ concurrent with the cancel, which may be ordered before it.
 
 from __future__ import annotations
 
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.ownership import OwnedShard
 from nereus.adapters.kafka.siblings import Part, merge_parts
 from nereus.adapters.kafka.wire import shard_for
@@ -27,6 +26,7 @@ from nereus.kernel.model import Message, TenantUsage
 from nereus.kernel.records import Cancel
 from nereus.runtime.absent import committed_verdict
 from nereus.service.embedded import peek_store
+from nereus.service.errors import ShardNotLocal
 from nereus.service.results import Peek
 
 

@@ -25,7 +25,6 @@ from typing import Any
 import msgspec
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from nereus.adapters.errors import Unavailable
 from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.wire import (
     Envelope,
@@ -38,6 +37,7 @@ from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.records import Appendable, encode_record
 from nereus.runtime.batching import MAX_BATCH_ITEMS, command_record
 from nereus.runtime.errors import Overloaded
+from nereus.service.errors import Unavailable
 
 # What a batch envelope needs beyond its items' records and payloads (request id, reply
 # address, framing), and each item beyond its own encoding (array framing, a payload slot).

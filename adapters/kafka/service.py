@@ -33,7 +33,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka import reads
 from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.ownership import ShardOwnership, ShardParts
@@ -52,6 +51,7 @@ from nereus.runtime.guard import check_items
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.service.clock_bound import clock_problem
+from nereus.service.errors import ShardNotLocal
 from nereus.service.readiness import (
     OWNERSHIP_UNSETTLED,
     STOPPING,

@@ -33,9 +33,9 @@ from typing import Any
 
 import msgspec
 
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka import exposition
 from nereus.kernel.model import Message
+from nereus.service.errors import ShardNotLocal
 from nereus.service.results import Peek
 from nereus.storage import files
 

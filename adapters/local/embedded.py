@@ -50,33 +50,16 @@ from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
-from nereus.service.arguments import schedule_record
 from nereus.service.calls import TimerCalls
 from nereus.service.clock_bound import ClockUnbounded, clock_problem, library_refusal
-from nereus.service.embedded import EmbeddedService, list_store, peek_store, pin_capabilities
-from nereus.service.results import Listing, Peek, Result, to_result
+from nereus.service.embedded import EmbeddedService
+from nereus.service.results import Listing, Peek, Result
 from nereus.storage import files
 from nereus.storage.lock import DirectoryLock, lock_directory
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 
-# `TimerCommands`, `list_store`, `peek_store`, `pin_capabilities`, `schedule_record` and
-# `to_result` moved to the application layer (`service.*`); imported from here as before.
-TimerCommands = TimerCalls
-
-__all__ = [
-    "ClockUnbounded",
-    "Listing",
-    "Nereus",
-    "Peek",
-    "Result",
-    "TimerCommands",
-    "list_store",
-    "peek_store",
-    "pin_capabilities",
-    "schedule_record",
-    "to_result",
-]
+__all__ = ["ClockUnbounded", "Listing", "Nereus", "Peek", "Result"]
 
 # How long a command may wait for its durable commit.
 COMMAND_TIMEOUT_S = 30.0

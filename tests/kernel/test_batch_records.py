@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from nereus import kernel as k
 from nereus.adapters.clock import SimulatedClock
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import POSITION_CODES
 from nereus.kernel.effects import Effect, EntryOutcome
 from nereus.kernel.keys import attempt_prefix
 from nereus.kernel.model import TABLES
 from nereus.runtime.batching import MAX_BATCH_ITEMS, batch_runs
+from nereus.service.arguments import schedule_record
 from tests.support.builders import published, unknown
 from tests.support.runtime_harness import T0_MS, Harness
 from tests.support.strategies import Action, action_lists, drive, props

@@ -45,7 +45,6 @@ SHARED = frozenset(
         "clock",  # the host clock and its error bound
         "config_file",  # the configuration file's schema, the [server] (HTTP) limits
         "crypto",  # encrypted queues
-        "errors",  # the adapters' shared exceptions
         "metering",  # per-tenant metering, blocks and rate limits
         "routed",  # a destination made of several, chosen by queue
         "search",  # evidence searches of a destination

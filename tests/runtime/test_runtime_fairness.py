@@ -24,11 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.adapters.clock import SimulatedClock
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.keys import message_id
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.drr import DeficitRoundRobin, Lane
+from nereus.service.arguments import schedule_record
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 from tests.support.runtime_harness import T0_MS, Harness

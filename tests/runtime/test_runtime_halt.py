@@ -16,12 +16,13 @@ import pytest
 
 from nereus.adapters.clock import SimulatedClock
 from nereus.adapters.http.api import TimerApi
-from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.adapters.local.embedded import Nereus
 from nereus.kernel.digest import state_digest
 from nereus.kernel.records import Appendable
 from nereus.replay.fold import replay
 from nereus.runtime.errors import RuntimeHalted
 from nereus.runtime.shard import CommandFuture
+from nereus.service.arguments import schedule_record
 from nereus.storage.schema import StoreOptions
 from tests.support.runtime_harness import T0_MS
 

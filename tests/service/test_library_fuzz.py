@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nereus import Listing, Nereus, Peek, Result
-from nereus.adapters.local.commands import TimerCommands
 from nereus.replay.fold import replay
+from nereus.service.calls import TimerCalls
 from tests.support.library_harness import fingerprint, still_shard
 from tests.support.runtime_harness import T0_MS
 
@@ -105,7 +105,7 @@ CALLS = ("schedule", "reschedule", "cancel", "peek", "list")
 def _parameters(call: str, kind: inspect._ParameterKind) -> tuple[str, ...]:
     """The call's parameters of one kind, read from its signature: every parameter of
     every public call is fuzzed, including any added later (GOOD must know it)."""
-    signature = inspect.signature(getattr(TimerCommands, call))
+    signature = inspect.signature(getattr(TimerCalls, call))
     names = tuple(p.name for p in signature.parameters.values() if p.kind is kind)
     return tuple(name for name in names if name != "self")
 
@@ -153,7 +153,7 @@ def nereus(tmp_path: Path) -> Iterator[Nereus]:
 def test_the_fuzz_knows_every_parameter_of_every_call() -> None:
     for call in CALLS:
         assert set(POSITIONAL[call]) | set(OPTIONS[call]) <= set(GOOD), call
-        signature = inspect.signature(getattr(TimerCommands, f"{call}_async"))
+        signature = inspect.signature(getattr(TimerCalls, f"{call}_async"))
         assert list(signature.parameters) == ["self", *POSITIONAL[call], *OPTIONS[call]]
 
 

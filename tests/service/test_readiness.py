@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from nereus.adapters.clock import SimulatedClock, SyncReport, SystemClock
 from nereus.adapters.http.api import TimerApi
-from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.adapters.local.embedded import Nereus
+from nereus.service.arguments import schedule_record
 from nereus.service.clock_bound import ClockUnbounded
 from nereus.service.readiness import answer, clock_reason, shard_reasons
 from nereus.storage.schema import StoreOptions

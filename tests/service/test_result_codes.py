@@ -28,8 +28,8 @@ import nereus
 from nereus import NereusRefused, Result
 from nereus import kernel as k
 from nereus.adapters.http.shapes import result_json
-from nereus.adapters.local.commands import TimerCommands
 from nereus.kernel.records import record_type
+from nereus.service.calls import TimerCalls
 from nereus.service.codes import NAMES_JSON
 from nereus.service.results import to_result
 from tests.support.builders import DIGEST, QUEUE, T0_MS, TENANT, Shard
@@ -57,7 +57,7 @@ def _op(key: str, **fields: Any) -> dict[str, Any]:
 
 
 # (name, library call, HTTP operation, HTTP status, code, library message, HTTP message)
-Refusal = tuple[str, Callable[[TimerCommands], Result], dict[str, Any], int, str, str, str]
+Refusal = tuple[str, Callable[[TimerCalls], Result], dict[str, Any], int, str, str, str]
 REFUSED_WHOLE: list[Refusal] = [
     (
         "a payload over the ceiling",

@@ -25,9 +25,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nereus import kernel as k
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.kernel.model import LIVE_STATUSES
+from nereus.service.errors import ShardNotLocal
 from nereus.storage.codec import encode_value, timer_index_key
 from nereus.storage.errors import StoreError
 from nereus.storage.jsonl import export_log, import_log

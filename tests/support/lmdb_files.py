@@ -29,7 +29,7 @@ from pathlib import Path
 import lmdb
 
 from nereus import kernel as k
-from nereus.adapters.local.embedded import schedule_record
+from nereus.service.arguments import schedule_record
 from nereus.storage.store import ShardStore
 from tests.support.builders import T0_MS
 

@@ -26,7 +26,8 @@ compiled.from_environment()  # NEREUS_PURE_PYTHON=1 runs the source here too
 
 from nereus.adapters.local.consumer import LocalConsumer  # noqa: E402
 from nereus.adapters.local.destination import LocalDestination  # noqa: E402
-from nereus.adapters.local.embedded import Nereus, schedule_record  # noqa: E402
+from nereus.adapters.local.embedded import Nereus  # noqa: E402
+from nereus.service.arguments import schedule_record  # noqa: E402
 from nereus.storage.lock import StoreLocked, lock_directory  # noqa: E402
 
 QUEUE = "reminders"

@@ -23,8 +23,9 @@ from nereus.runtime import compiled
 compiled.from_environment()  # NEREUS_PURE_PYTHON=1 runs the source here too
 
 from nereus.adapters.local.destination import LocalDestination  # noqa: E402
-from nereus.adapters.local.embedded import Nereus, schedule_record  # noqa: E402
+from nereus.adapters.local.embedded import Nereus  # noqa: E402
 from nereus.runtime.destination import Send  # noqa: E402
+from nereus.service.arguments import schedule_record  # noqa: E402
 
 # Several lanes: a lane admits at most its permits (256) at a time, a tick 512 in all.
 QUEUES = ("proofs-a", "proofs-b", "proofs-c", "proofs-d")

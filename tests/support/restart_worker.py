@@ -24,8 +24,9 @@ import time
 from types import FrameType
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.adapters.local.embedded import Nereus
 from nereus.kernel.records import Appendable, Cancel
+from nereus.service.arguments import schedule_record
 from nereus.storage.errors import StoreError
 
 QUEUES = ("alpha", "beta")

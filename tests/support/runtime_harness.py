@@ -22,7 +22,6 @@ from typing import Any
 
 from nereus.adapters.clock import SimulatedClock
 from nereus.adapters.local.destination import LocalDestination, LocalRecord
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import attempt_prefix, message_id, str_key
 from nereus.kernel.model import Attempt, Message, Table
@@ -31,6 +30,7 @@ from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Send
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import ShardLog
+from nereus.service.arguments import schedule_record
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 from tests.support.service_worker import send_problem

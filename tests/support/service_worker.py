@@ -33,12 +33,13 @@ from typing import Any
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
-from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.adapters.local.embedded import Nereus
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import dead_letter_key, str_key
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from nereus.kernel.records import Appendable, Cancel
 from nereus.runtime.destination import Send
+from nereus.service.arguments import schedule_record
 from nereus.storage.base import StoreView
 from nereus.storage.store import ShardStore
 

@@ -12,7 +12,6 @@ import pytest
 
 from nereus.adapters.cli.main import main
 from nereus.adapters.compose.processes import child_argv
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.siblings import (
     TOKEN_HEADER,
     Part,
@@ -24,6 +23,7 @@ from nereus.adapters.kafka.siblings import (
 )
 from nereus.kernel.model import Message, Table
 from nereus.runtime.metrics import Metrics
+from nereus.service.errors import ShardNotLocal
 from nereus.service.results import Peek
 from tests.support.builders import schedule
 from tests.support.strategies import drive

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nereus.adapters.local.commands import await_command
-from nereus.adapters.local.embedded import Nereus, schedule_record
+from nereus.adapters.local.embedded import Nereus
 from nereus.runtime.shard import CommandFuture
+from nereus.service.arguments import schedule_record
+from nereus.service.embedded import await_command
 
 
 def test_a_done_callback_runs_once_whether_added_before_or_after_completion() -> None:

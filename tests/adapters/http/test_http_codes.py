@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.http.contract import ERROR_CODES, ERROR_STATUS, ROUTES, STATUSES
 from nereus.adapters.http.openapi import build_document
 from nereus.adapters.tenancy import Tenancy
 from nereus.kernel.config import KernelConfig
 from nereus.runtime.errors import Overloaded
+from nereus.service.errors import ShardNotLocal
 from tests.support.http_harness import (
     QUEUE,
     Service,

@@ -40,12 +40,14 @@ from confluent_kafka.admin import AdminClient
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.destination import Delivery, KafkaDestination, KafkaDestinationConfig
-from nereus.adapters.local.embedded import Nereus, schedule_record, to_result
+from nereus.adapters.local.embedded import Nereus
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from nereus.kernel.records import NotPublished, Published, PublishOutcome, Unknown
 from nereus.runtime.destination import H_DELIVER_AT
 from nereus.runtime.shard import ShardRuntime
+from nereus.service.arguments import schedule_record
+from nereus.service.results import to_result
 from nereus.storage.store import ShardStore
 from tests.support.builders import records
 from tests.support.kafka_cluster import DestRecord, read_destination

@@ -21,10 +21,10 @@ from typing import Any
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.kafka.service import KafkaService
-from nereus.adapters.local.embedded import schedule_record
 from nereus.adapters.metering import RateLimiter
 from nereus.adapters.tenancy import Tenancy
 from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.service.arguments import schedule_record
 from tests.support import kafka_env
 from tests.support.kafka_cluster import Topics, service_config, wait_until
 from tests.support.kafka_env import create_topic, unique_topic

@@ -21,7 +21,6 @@ from confluent_kafka import Consumer, TopicPartition
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.service import KafkaService
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.digest import state_digest
 from nereus.kernel.keys import message_id
@@ -34,6 +33,7 @@ from nereus.runtime.destination import (
     H_CONSUMER_GROUP,
     dead_letter_attempt_id,
 )
+from nereus.service.arguments import schedule_record
 from nereus.storage.memory import MemoryStore
 from nereus.storage.store import ShardStore
 from tests.support import kafka_env

@@ -39,13 +39,13 @@ from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.log import KafkaLog, KafkaLogConfig
 from nereus.adapters.kafka.wire import Envelope, encode_envelope
 from nereus.adapters.local.destination import LocalDestination
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.keys import message_id, str_key
 from nereus.kernel.model import Message, Status, Table
 from nereus.kernel.records import PublishAdmission, members
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import Send
 from nereus.runtime.shard import ShardRuntime
+from nereus.service.arguments import schedule_record
 from nereus.storage.store import ShardStore
 from tests.support import kafka_env
 from tests.support.kafka_cluster import read_shard_log

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.errors import ShardNotLocal
 from nereus.adapters.kafka.library import KafkaNereus
 from nereus.adapters.kafka.wire import shard_for
 from nereus.kernel.model import Status
 from nereus.kernel.records import Cancel, Reschedule, Schedule
+from nereus.service.errors import ShardNotLocal
 from tests.support import kafka_env
 from tests.support.kafka_cluster import (
     TENANT,

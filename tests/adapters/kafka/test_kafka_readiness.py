@@ -18,7 +18,7 @@ from nereus.adapters.clock import SimulatedClock, SystemClock
 from nereus.adapters.http.api import TimerApi
 from nereus.adapters.kafka.library import KafkaNereus
 from nereus.adapters.kafka.service import KafkaService
-from nereus.adapters.local.embedded import schedule_record
+from nereus.service.arguments import schedule_record
 from nereus.service.clock_bound import ClockUnbounded
 from tests.adapters.kafka.test_kafka_snapshots import _delete_commands_before
 from tests.support import kafka_env

@@ -36,7 +36,6 @@ import pytest
 
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.destination import KafkaDestination, KafkaDestinationConfig
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.keys import attempt_prefix, message_id, str_key
@@ -46,6 +45,7 @@ from nereus.kernel.timing import TrustedInterval
 from nereus.runtime.clock import ClockSource, ClockStatus
 from nereus.runtime.destination import Send
 from nereus.runtime.shard import ShardRuntime
+from nereus.service.arguments import schedule_record
 from nereus.storage.store import ShardStore
 from tests.support import kafka_env
 from tests.support.builders import records

@@ -37,10 +37,10 @@ from confluent_kafka import Producer
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.log import FROM_MEMORY
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import AttemptStatus
 from nereus.kernel.records import PublishAdmission, members
+from nereus.service.arguments import schedule_record
 from nereus.storage.store import ShardStore
 from tests.support import kafka_env
 from tests.support.kafka_cluster import (

@@ -36,9 +36,9 @@ from nereus.adapters.kafka.snapshots import (
     snapshots_topic,
 )
 from nereus.adapters.kafka.topics import check_retention
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.digest import state_digest
 from nereus.kernel.model import Obligation, Table
+from nereus.service.arguments import schedule_record
 from nereus.storage.codec import encode_value
 from nereus.storage.errors import StoreError
 from nereus.storage.schema import LOG_SOURCE_KEY, LogSource, StoreOptions

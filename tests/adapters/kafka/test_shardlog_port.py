@@ -34,7 +34,6 @@ from nereus.adapters.kafka.wire import (
     shard_for,
 )
 from nereus.adapters.local.destination import LocalDestination
-from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import EntryOutcome, outcomes_of
 from nereus.kernel.records import Appendable, Cancel, CommandBatch, LogEntry, Schedule
@@ -44,6 +43,7 @@ from nereus.runtime.clock import read_clock
 from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
+from nereus.service.arguments import schedule_record
 from nereus.storage.schema import LogSource
 from nereus.storage.store import ShardStore
 

@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus import Nereus
-from nereus.adapters.local.embedded import schedule_record
 from nereus.adapters.pulsar.destination import PulsarDestination
 from nereus.kernel.records import (
     IMMEDIATE,
@@ -33,6 +32,7 @@ from nereus.kernel.records import (
     PublishOutcomes,
     Unknown,
 )
+from nereus.service.arguments import schedule_record
 from tests.support.pulsar_env import (
     admin_call,
     admin_get,
