@@ -36,7 +36,8 @@ import pytest
 from confluent_kafka import Producer
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.kafka.log import FROM_MEMORY, KafkaLog, KafkaLogConfig
+from nereus.adapters.kafka.log import KafkaLog, KafkaLogConfig
+from nereus.adapters.kafka.log_read import FROM_MEMORY
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.adapters.local.embedded import schedule_record
 from nereus.kernel.keys import message_id
