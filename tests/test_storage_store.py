@@ -281,6 +281,18 @@ def test_commit_appends_and_folds_everything_pending_in_one_transaction(
     assert store_problems(store) == []
 
 
+def test_the_claims_port_writes_in_the_commit_and_reads_back_rows_and_sequence(
+    store: ShardStore,
+) -> None:
+    assert store.read_claims() == (0, 0)
+    store.commit([], T0_MS, lambda rows: rows.write({1: LogInfo(), 2: LogInfo()}, (), 2))
+    assert store.read_claims() == (2, 2)
+    store.commit([], T0_MS, lambda rows: rows.write({3: LogInfo()}, (1,), 3))
+    assert store.read_claims() == (3, 2)  # claim 1 deleted, claim 3 added
+    store.commit([], T0_MS, lambda rows: rows.write({}, (), 5, wipe=True))
+    assert store.read_claims() == (5, 0)  # every claim row gone, the sequence kept
+
+
 def test_a_failed_commit_writes_nothing_at_all(store: ShardStore) -> None:
     store.append([(schedule("a"), PAYLOAD)], T0_MS)
     store.apply_pending()
