@@ -29,6 +29,11 @@ when they come back from the broker in a later tick. Recovery waits until the lo
 up, discovery until every record this owner wrote has been folded, and a send until the log
 says this owner still owns the shard. A log that lost the shard raises `ShardLost`: the
 runtime stops without halting and releases its claims.
+
+The parts are built and connected once (`runtime.parts`). Records that arise while acting on
+a fold, for the next commit, wait in the runtime's one `runtime.deferred.Deferred` queue; the
+claim rows reach the store through its claims port (`storage.claims`), in the commit's own
+transaction.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ Theory of operation (the decisions are in `specs/kafka.md`):
   by a producer whose `transactional.id` is tied to the shard, so a new owner fences the old
   one. A fenced or otherwise fatal producer raises `ShardLost`. A send may start only within
   `send_lease_ms` of the start of the last transaction this owner committed.
+* **Parts.** Where the fold resumes at open is `adapters.kafka.log_open`'s; turning records
+  into entries, `adapters.kafka.log_read`'s; snapshots (restore, write, trim),
+  `adapters.kafka.log_snapshots`'s. What a fold writes beside the state travels as one
+  `storage.request.FoldRequest`.
 """
 
 from __future__ import annotations
