@@ -25,8 +25,11 @@ from setuptools.command.build_ext import build_ext
 # Pure functions and plain classes only: a msgspec.Struct subclass cannot be compiled (mypyc
 # drops the class keywords such as frozen=True), nor can a subclass of RuntimeError, so
 # modules that define those (model, records, state, timing, runtime.claim, runtime.errors)
-# stay Python. The runtime's hot path is the tick and what it runs per entry or per row:
-# discovery, the claims, the effects runner and the tally.
+# stay Python, as does storage.request (a frozen dataclass, read once per fold). Storage's
+# hot path is the fold and what it runs per entry or per row: the log table, the indexes,
+# the codec, the claims port and the read views. The runtime's is the tick and what it runs
+# per entry or per row: discovery, the claims, the deferred records, the effects runner and
+# the tally.
 COMPILED = [
     "nereus/kernel/commands.py",
     "nereus/kernel/keys.py",
@@ -37,9 +40,15 @@ COMPILED = [
     "nereus/kernel/step.py",
     "nereus/kernel/validation.py",
     "nereus/storage/base.py",
+    "nereus/storage/claims.py",
     "nereus/storage/codec.py",
+    "nereus/storage/fold.py",
+    "nereus/storage/indexes.py",
+    "nereus/storage/log_table.py",
+    "nereus/storage/reads.py",
     "nereus/storage/store.py",
     "nereus/runtime/claims.py",
+    "nereus/runtime/deferred.py",
     "nereus/runtime/discovery.py",
     "nereus/runtime/drr.py",
     "nereus/runtime/effects.py",

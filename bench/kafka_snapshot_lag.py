@@ -32,7 +32,7 @@ from bench.kafka_fire import DEST_PARTITIONS, _topic, steady_lag
 from bench.kafka_takeover import commands_topic, take_shard, write_history
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.kafka.config import KafkaServiceConfig
-from nereus.adapters.kafka.log import SNAPSHOT_BYTES, SNAPSHOT_WRITTEN_AT
+from nereus.adapters.kafka.log_snapshots import SNAPSHOT_BYTES, SNAPSHOT_WRITTEN_AT
 from nereus.adapters.kafka.service import KafkaService
 
 SHARD = {"shard": "0"}

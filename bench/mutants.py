@@ -68,6 +68,8 @@ TIMING = "kernel/timing.py"
 MUTATIONS = "kernel/mutations.py"
 RULES = "kernel/rules.py"
 STORE = "storage/store.py"
+FOLD = "storage/fold.py"
+MAINTENANCE = "storage/maintenance.py"
 
 TIME_RULES = (
     Mutant(
@@ -421,7 +423,7 @@ STORAGE = (
         "S1",
         "the shard store is opened without fsync",
         "P3 durable before acted on; acknowledged means durable",
-        one(STORE, "            sync=options.sync,", "            sync=False,"),
+        one(MAINTENANCE, "        sync=options.sync,", "        sync=False,"),
         STORAGE_TESTS,
         quick_tests=("tests/storage/test_storage_durability.py",),
     ),
@@ -449,13 +451,10 @@ STORAGE = (
         "P7 a write is all or nothing; replay agrees",
         one(
             STORE,
-            "            entries = self._append_in(txn, items, now_ms, guarded)\n"
-            '            self._at("append")\n'
-            "            results, meta, _ = self._apply_in(txn, tail + entries)",
-            "            entries = self._append_in(txn, items, now_ms, guarded)\n"
+            '            self._at("append")\n            results, meta, _ = fold_in(',
             '            self._at("append")\n'
             "        with env.env.begin(write=True) as txn:\n"
-            "            results, meta, _ = self._apply_in(txn, tail + entries)",
+            "            results, meta, _ = fold_in(",
         ),
         STORAGE_TESTS,
     ),
@@ -465,17 +464,17 @@ STORAGE = (
         "P7 a write is all or nothing; replay agrees",
         (
             Edit(
-                STORE,
-                "        txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)\n"
-                '        self._at("meta")',
-                '        self._at("meta")',
+                FOLD,
+                "    txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)\n"
+                '    at("meta")',
+                '    at("meta")',
             ),
             Edit(
                 STORE,
                 '        self._at("sync")\n'
                 "        self._appended(entries)\n        self.meta = meta\n",
                 "        with env.env.begin(write=True) as txn:\n"
-                "            txn.put(SHARD_META_KEY, encode_value(meta), db=env.meta)\n"
+                "            txn.put(_META_KEY, encode_value(meta), db=env.meta)\n"
                 '        self._at("sync")\n'
                 "        self._appended(entries)\n        self.meta = meta\n",
             ),
@@ -483,8 +482,14 @@ STORAGE = (
                 STORE,
                 '        self._at("sync")\n        self._appended(logged)\n',
                 "        with env.env.begin(write=True) as txn:\n"
-                "            txn.put(SHARD_META_KEY, encode_value(meta), db=env.meta)\n"
+                "            txn.put(_META_KEY, encode_value(meta), db=env.meta)\n"
                 '        self._at("sync")\n        self._appended(logged)\n',
+            ),
+            # The mutated store names the meta's key itself (the fold does, unmutated).
+            Edit(
+                STORE,
+                "__all__ = [",
+                "from nereus.storage.schema import SHARD_META_KEY as _META_KEY\n__all__ = [",
             ),
         ),
         STORAGE_TESTS,

@@ -21,6 +21,7 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.records import LogEntry
 from nereus.replay.fold import ReplayResult, result_of
+from nereus.storage.request import STATE_ONLY
 from nereus.storage.schema import StoreOptions
 from nereus.storage.snapshot import load_snapshot
 from nereus.storage.store import ShardStore
@@ -50,7 +51,7 @@ def replay_on_disk(
         folded = 0
         source = iter(entries)
         while batch := list(islice(source, batch_entries)):
-            for entry, effects in store.apply(batch, mirror=False):
+            for entry, effects in store.apply(batch, STATE_ONLY):
                 for effect in effects:
                     if isinstance(effect, EntryOutcome):  # one per record, or per batch item
                         counts[str(effect.code)] += 1

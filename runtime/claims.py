@@ -20,17 +20,18 @@ it:
   time), by discovery when the row it was made from changed, or when the runtime lets go of
   the shard. A `Publish` for a claim not held here is never sent.
 
-Claims are persisted in the shard store's `claims` table no later than the transaction of
-the Admission they lead to (a claim made ahead may be written by an earlier commit), with a
-claim sequence that never repeats (attempt ids are built from it), so a restarted process
-knows which claims died with its predecessor. Nothing here is a fact of the log: a claim may
+Claims are persisted in the shard store's `claims` table, through the store's port
+(`storage.claims.ClaimRows`), no later than the transaction of the Admission they lead to (a
+claim made ahead may be written by an earlier commit), with a claim sequence that never
+repeats (attempt ids are built from it), so a restarted process knows which claims died
+with its predecessor. Nothing here is a fact of the log: a claim may
 be released at any time, and the log's verdict on the Admission decides what happened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from nereus.kernel.effects import Publish, RevokeClaim
 from nereus.kernel.keys import attempt_prefix
@@ -39,10 +40,7 @@ from nereus.kernel.timing import TrustedInterval
 from nereus.runtime.claim import Claim, PersistedClaim
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import PreparedPublish, Send
-from nereus.storage.codec import encode_value
-
-_SEQ_KEY = b"\x00claim_sequence"
-_CLAIM_PREFIX = b"c"
+from nereus.storage.claims import ClaimRows
 
 ClaimState = Literal["ahead", "claimed", "admitted", "sending"]
 AHEAD: Final = "ahead"
@@ -57,12 +55,6 @@ def send_gate_open(interval: TrustedInterval, action_at_ms: int) -> bool:
     reading less certain than the one that admitted it keeps it waiting: late, never
     early."""
     return interval.earliest_ms >= action_at_ms
-
-
-def _claim_key(sequence: int) -> bytes:
-    # By claim sequence, not message id: a commit's new claims land side by side in one or
-    # two B-tree pages (message ids are spread over all of them), so the sync writes less.
-    return _CLAIM_PREFIX + sequence.to_bytes(8, "big")
 
 
 class Permits:
@@ -119,23 +111,20 @@ class ClaimTable:
         # admitted ones in the order their Publish arrived (the order they are sent in).
         self._ahead: dict[str, Claim] = {}
         self._admitted: dict[str, _Held] = {}
-        self._staged_puts: dict[bytes, Claim] = {}
-        self._staged_deletes: set[bytes] = set()
+        # Rows to write by claim sequence: a claim made since the last commit, as its row;
+        # a claim that commit already wrote, to delete.
+        self._staged_puts: dict[int, PersistedClaim] = {}
+        self._staged_deletes: set[int] = set()
         self._wipe_persisted = False
         self.sequence = 0
 
-    def load(self, txn: Any, claims_db: Any, path: str) -> int:
-        """On start: read the sequence and schedule every persisted claim for deletion;
-        they belonged to a process that is gone. Returns how many there were."""
-        raw = txn.get(_SEQ_KEY, db=claims_db)
-        self.sequence = 0 if raw is None else int.from_bytes(raw, "big")
-        stale = 0
-        with txn.cursor(db=claims_db) as cursor:
-            for key in cursor.iternext(values=False):
-                if key != _SEQ_KEY:
-                    stale += 1
-        self._wipe_persisted = stale > 0
-        return stale
+    def load(self, sequence: int, stored_rows: int) -> int:
+        """On start, with what the store holds (`ShardStore.read_claims`): continue the
+        sequence and schedule every persisted claim for deletion; they belonged to a
+        process that is gone. Returns how many there were."""
+        self.sequence = sequence
+        self._wipe_persisted = stored_rows > 0
+        return stored_rows
 
     # Reading ------------------------------------------------------------------------------
 
@@ -281,9 +270,9 @@ class ClaimTable:
         self._ahead.pop(message_id, None)
         self._admitted.pop(message_id, None)
         self.permits.release((claim.tenant, claim.queue), claim.size_bytes)
-        key = _claim_key(claim.claim_sequence)
-        if self._staged_puts.pop(key, None) is None:
-            self._staged_deletes.add(key)  # written by an earlier commit
+        sequence = claim.claim_sequence
+        if self._staged_puts.pop(sequence, None) is None:
+            self._staged_deletes.add(sequence)  # written by an earlier commit
         return claim
 
     def release_all(self) -> None:
@@ -316,23 +305,16 @@ class ClaimTable:
         )
         self._held[claim.message_id] = _Held(claim, state)
         self.permits.acquire((claim.tenant, claim.queue), claim.size_bytes)
-        self._staged_puts[_claim_key(claim.claim_sequence)] = claim
+        self._staged_puts[sequence] = PersistedClaim.of(claim)
         return claim
 
     # Persisting ---------------------------------------------------------------------------
 
-    def flush(self, txn: Any, claims_db: Any) -> None:
-        """Write staged changes into the store's commit transaction."""
-        if self._wipe_persisted:
-            with txn.cursor(db=claims_db) as cursor:
-                doomed = [k for k in cursor.iternext(values=False) if k != _SEQ_KEY]
-            for key in doomed:
-                txn.delete(key, db=claims_db)
-            self._wipe_persisted = False
-        for key in self._staged_deletes:
-            txn.delete(key, db=claims_db)
-        for key, claim in self._staged_puts.items():
-            txn.put(key, encode_value(PersistedClaim.of(claim)), db=claims_db)
-        txn.put(_SEQ_KEY, self.sequence.to_bytes(8, "big"), db=claims_db)
+    def flush(self, rows: ClaimRows) -> None:
+        """Write staged changes into the store's commit transaction (`rows`)."""
+        rows.write(
+            self._staged_puts, self._staged_deletes, self.sequence, wipe=self._wipe_persisted
+        )
+        self._wipe_persisted = False
         self._staged_puts.clear()
         self._staged_deletes.clear()

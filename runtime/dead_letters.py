@@ -14,7 +14,6 @@ where each stands; a restart loses none of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +21,7 @@ from nereus.kernel.keys import dead_letter_key, str_key
 from nereus.kernel.model import DeadLetterPending, Message, Table
 from nereus.kernel.records import Appendable, DeadLetterWritten, NotPublished, Published, Unknown
 from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.deferred import Deferred
 from nereus.runtime.destination import (
     DLQ_SUFFIX,
     Destination,
@@ -63,7 +63,7 @@ class DeadLetters:
         config: RuntimeConfig,
         metrics: Metrics,
         log: Logger,
-        defer: Callable[[Appendable], None],
+        deferred: Deferred,
     ) -> None:
         self.store = store
         self.destination = destination
@@ -71,7 +71,7 @@ class DeadLetters:
         self.config = config
         self.metrics = metrics
         self.log = log
-        self._defer = defer  # a record for the next commit
+        self._deferred = deferred  # records for the next commit, owned by the runtime
         # Copies being written, by their attempt id.
         self.copies: dict[str, DeadLetterCopy] = {}
 
@@ -149,7 +149,7 @@ class DeadLetters:
         copy.state = "recorded"
         self.metrics.inc("nereus_dead_letters_total", labels={"result": "found"})
         self.log.info("dead_letter_found", attempt_id=aid, topic=found.destination)
-        self._defer((DeadLetterWritten(copy.message_id, copy.generation, found), None))
+        self._deferred.add((DeadLetterWritten(copy.message_id, copy.generation, found), None))
 
     def take_due(self, now_ms: int) -> list[Send]:
         """The writes of the copies that are due; where a write's fate is unknown, a look

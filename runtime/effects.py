@@ -33,9 +33,10 @@ from nereus.kernel.effects import (
 )
 from nereus.kernel.keys import str_key
 from nereus.kernel.model import Message, Table
-from nereus.kernel.records import Appendable, DeadLetterWritten, NotPublished, PublishOutcome
+from nereus.kernel.records import DeadLetterWritten, NotPublished, PublishOutcome
 from nereus.runtime.claims import ClaimTable
 from nereus.runtime.dead_letters import DeadLetters
+from nereus.runtime.deferred import Deferred
 from nereus.runtime.discovery import Discovery
 from nereus.runtime.log import Logger
 from nereus.runtime.metrics import Metrics
@@ -53,7 +54,7 @@ class EffectsRunner:
         *,
         metrics: Metrics,
         log: Logger,
-        deferred: list[Appendable],
+        deferred: Deferred,
     ) -> None:
         self.store = store
         self.claims = claims
@@ -61,7 +62,7 @@ class EffectsRunner:
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.log = log
-        self._deferred = deferred  # records for the next commit
+        self._deferred = deferred  # records for the next commit, owned by the runtime
         # The earliest action time of timeline rows written since `put_action_ms` was reset.
         self.put_action_ms: int | None = None
 
@@ -110,7 +111,7 @@ class EffectsRunner:
                     outcome = PublishOutcome(
                         publish.attempt_id, publish.message_id, publish.generation, closed
                     )
-                    self._deferred.append((outcome, None))
+                    self._deferred.add((outcome, None))
             case RevokeClaim() as revoke:
                 self.claims.revoke(revoke)
             case DeadLetter() as dead:

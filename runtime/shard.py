@@ -29,6 +29,11 @@ when they come back from the broker in a later tick. Recovery waits until the lo
 up, discovery until every record this owner wrote has been folded, and a send until the log
 says this owner still owns the shard. A log that lost the shard raises `ShardLost`: the
 runtime stops without halting and releases its claims.
+
+The parts are built and connected once (`runtime.parts`). Records that arise while acting on
+a fold, for the next commit, wait in the runtime's one `runtime.deferred.Deferred` queue; the
+claim rows reach the store through its claims port (`storage.claims`), in the commit's own
+transaction.
 """
 
 from __future__ import annotations
@@ -45,10 +50,9 @@ from nereus.runtime.batching import batch_runs
 from nereus.runtime.claims import ClaimTable
 from nereus.runtime.clock import ClockReading, ClockSource, read_clock
 from nereus.runtime.config import RuntimeConfig
-from nereus.runtime.dead_letters import DeadLetters
+from nereus.runtime.deferred import Deferred
 from nereus.runtime.destination import Destination, is_dead_letter_attempt
-from nereus.runtime.discovery import Discovery, Found
-from nereus.runtime.effects import EffectsRunner
+from nereus.runtime.discovery import Found
 from nereus.runtime.errors import RuntimeHalted
 from nereus.runtime.guard import guarded
 from nereus.runtime.intake import CommandFuture, Intake, Waiter
@@ -56,8 +60,7 @@ from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.loop import Loop
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.pacing import AT_ONCE_S, POLL_S, Pacing, Wake
-from nereus.runtime.recovery import Recovery
-from nereus.runtime.settle import Settler
+from nereus.runtime.parts import Parts
 from nereus.runtime.shardlog import EmbeddedLog, ShardLog, ShardLost
 from nereus.runtime.tally import Gauges
 from nereus.storage.store import ShardStore
@@ -94,50 +97,29 @@ class ShardRuntime:
         self.metrics = metrics or Metrics()
         self.log = logger or NullLogger()
         self.claims = ClaimTable(self.config, store.header.store_id, fencing_revision=1)
-        with store.env.env.begin() as txn:
-            stale = self.claims.load(txn, store.env.claims, store.path)
+        stale = self.claims.load(*store.read_claims())
         if stale:
             self.log.info("claims_dropped_on_start", count=stale)
         self._wake = threading.Event()
         self.intake = Intake(self.config.max_queued_commands, self._wake.set)
         destination.open(store.header.store_id)
-        self.settler = Settler(
-            destination,
-            self._wake.set,
-            retry_ms=self.config.evidence_retry_ms,
-            retry_max_ms=self.config.evidence_retry_max_ms,
-        )
         # Records for the next commit that arose outside a gather (while acting on a fold).
-        self._deferred: list[Appendable] = []
-        self.dead_letters = DeadLetters(
+        self.deferred = Deferred()
+        parts = Parts(
             store,
             destination,
-            self.settler,
-            config=self.config,
-            metrics=self.metrics,
-            log=self.log,
-            defer=self._deferred.append,
-        )
-        self.recovery = Recovery(
-            store,
-            destination,
-            self.settler,
-            self.dead_letters,
-            config=self.config,
-            log=self.log,
-        )
-        self.discovery = Discovery(
-            self.config, self.claims, destination, self.recovery.retry_checked, self.log
-        )
-        self.effects = EffectsRunner(
-            store,
             self.claims,
-            self.discovery,
-            self.dead_letters,
+            self.deferred,
+            self._wake.set,
+            config=self.config,
             metrics=self.metrics,
             log=self.log,
-            deferred=self._deferred,
         )
+        self.settler = parts.settler
+        self.dead_letters = parts.dead_letters
+        self.recovery = parts.recovery
+        self.discovery = parts.discovery
+        self.effects = parts.effects
         self.pacing = Pacing(self.config)
         self.gauges = Gauges(self.metrics)
         self.loop = Loop(self, clock, self.shard_log, self.pacing, self._wake)
@@ -210,7 +192,7 @@ class ShardRuntime:
         stay in the log for whoever owns the shard next."""
         self.intake.fail_all(ShardLost("the shard was let go"))
         self.claims.release_all()
-        self._deferred.clear()
+        self.deferred.clear()
         self.dead_letters.clear()
         self.settler.close()
 
@@ -261,8 +243,7 @@ class ShardRuntime:
         tick.items.extend(self._collect_results(now))
         if self._recovered:
             tick.items.extend(self.recovery.settle(now.now_ms))
-        tick.items.extend(self._deferred)
-        self._deferred.clear()
+        self.deferred.drain_into(tick.items)
         if with_commands and settled:
             self.recovery.reconcile_if_due(now.now_ms)
         tick.items.extend(found.proposals)
@@ -296,13 +277,10 @@ class ShardRuntime:
         return items
 
     def _commit(self, tick: _Tick) -> None:
-        env = self.store.env
         units = [(start, future.count) for future, start in tick.waiters]
         items, where = batch_runs(tick.items, units)
         sealed_ms = self._seal_ms(tick)
-        entries, results = self.shard_log.commit(
-            items, sealed_ms, lambda txn: self.claims.flush(txn, env.claims)
-        )
+        entries, results = self.shard_log.commit(items, sealed_ms, self.claims.flush)
         outcomes = self.effects.run(results, sealed_ms, recovered=self._recovered)
         for future, start in tick.waiters:
             answers: list[EntryOutcome] = []
@@ -342,7 +320,7 @@ class ShardRuntime:
         commands are held for claimed work about to come due), else at the next moment the
         trusted clock lets discovery do something new — a claim coming due, a row to claim
         ahead, a row coming due — but never later than `idle_sleep_max_ms`."""
-        if self._deferred or tick.sent or (self.intake and not holding):
+        if self.deferred or tick.sent or (self.intake and not holding):
             return AT_ONCE_S, None  # after a send, its outcome is committed by the next tick
         if self.claims.waiting_to_send() or self.dead_letters.due(after.now_ms):
             return POLL_S, None

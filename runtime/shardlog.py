@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 from nereus.kernel.records import Appendable, LogEntry
 from nereus.runtime.metrics import Metrics
+from nereus.storage.claims import ClaimWriter
 from nereus.storage.store import Applied, ShardStore
 
 
@@ -62,12 +63,13 @@ class ShardLog(Protocol):
         self,
         items: Sequence[Appendable],
         now_ms: int,
-        also: Callable[[Any], None],
+        also: ClaimWriter,
     ) -> tuple[list[LogEntry], list[Applied]]:
         """Make `items` durable in the log and fold what became durable. Returns the entries
         the items became (if they were folded in this call: the embedded log) and every
         entry folded by this call with its effects, after the fold is committed. `also`
-        writes runtime rows (claims) into the fold's store transaction."""
+        writes the runtime's claim rows through the store's claims port
+        (`storage.claims.ClaimRows`) in the fold's store transaction."""
         ...
 
     def send_allowed(self) -> bool:
@@ -121,7 +123,7 @@ class EmbeddedLog:
         self,
         items: Sequence[Appendable],
         now_ms: int,
-        also: Callable[[Any], None],
+        also: ClaimWriter,
     ) -> tuple[list[LogEntry], list[Applied]]:
         # Every command (and every item with payload bytes) came in through
         # `ShardRuntime.submit`, whose guard checked and normalized it.

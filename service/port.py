@@ -18,7 +18,7 @@ make (`schedule`, `cancel`, ... and their `_async` forms) are built once over th
 
 Two implementations: `service.embedded.EmbeddedService` (one shard in this process) and
 `adapters.kafka.service.KafkaService` (the shards of the Kafka commands topic). The same
-calls give them the same answers (tests/test_service_port.py runs one suite over both).
+calls give them the same answers (tests/service/test_service_port.py runs one suite over both).
 `ShardNotLocal` (`adapters.errors`) is what a read raises when this process cannot see the
 shard it needs; only Kafka mode raises it.
 """

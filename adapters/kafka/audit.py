@@ -33,6 +33,7 @@ from nereus.kernel.records import LogEntry
 from nereus.replay.disk import SCRATCH
 from nereus.replay.fold import ReplayResult, result_of
 from nereus.storage.errors import StoreError
+from nereus.storage.request import STATE_ONLY
 from nereus.storage.store import ShardStore
 
 BATCH_ENTRIES = 2_000
@@ -147,7 +148,7 @@ def _apply(
 ) -> int:
     if not batch:
         return 0
-    for entry, effects in store.apply(batch, mirror=False):
+    for entry, effects in store.apply(batch, STATE_ONLY):
         for effect in effects:
             if isinstance(effect, EntryOutcome):
                 counts[str(effect.code)] += 1

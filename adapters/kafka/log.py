@@ -20,6 +20,10 @@ Theory of operation (the decisions are in `specs/kafka.md`):
   by a producer whose `transactional.id` is tied to the shard, so a new owner fences the old
   one. A fenced or otherwise fatal producer raises `ShardLost`. A send may start only within
   `send_lease_ms` of the start of the last transaction this owner committed.
+* **Parts.** Where the fold resumes at open is `adapters.kafka.log_open`'s; turning records
+  into entries, `adapters.kafka.log_read`'s; snapshots (restore, write, trim),
+  `adapters.kafka.log_snapshots`'s. What a fold writes beside the state travels as one
+  `storage.request.FoldRequest`.
 """
 
 from __future__ import annotations
@@ -32,53 +36,49 @@ from typing import Any
 
 import msgspec
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
     KafkaError,
     KafkaException,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
+from nereus.adapters.kafka.log_open import (
+    check_obligation_ages,
+    folded_offset_of,
+    new_consumer,
+    resume_offset,
+)
+from nereus.adapters.kafka.log_read import FROM_MEMORY, decode_records
+from nereus.adapters.kafka.log_snapshots import (
+    RESTORE_BYTES,
+    RESTORE_SECONDS,
+    SNAPSHOT_BYTES,
+    SNAPSHOT_ROWS,
+    SNAPSHOT_WRITTEN_AT,
+    TRIMMED_OFFSET,
+    LogSnapshots,
+)
 from nereus.adapters.kafka.log_writer import LogWriter
 from nereus.adapters.kafka.snapshots import (
-    MANIFEST_KEY,
-    SnapshotManifest,
-    SnapshotRun,
     latest_manifest,
-    manifests_topic,
-    restore_snapshot,
     snapshot_topics_exist,
-    snapshots_topic,
 )
-from nereus.adapters.kafka.topics import configured_retention_ms, topic_config
 from nereus.adapters.kafka.wire import (
     Envelope,
     Reply,
-    checked_payloads,
-    decode_envelope,
     watermarks,
 )
 from nereus.kernel.effects import EntryOutcome, outcomes_of
-from nereus.kernel.model import Obligation, Table
-from nereus.kernel.records import Appendable, LogEntry, Payload
+from nereus.kernel.records import Appendable, LogEntry
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shardlog import COMMIT_BUCKETS_S, COMMIT_SECONDS, ShardLost
-from nereus.storage.errors import StoreError
+from nereus.storage.claims import ClaimWriter
+from nereus.storage.request import FoldRequest
 from nereus.storage.schema import LogSource
 from nereus.storage.store import Applied, ShardStore
 from nereus.storage.transfer import DEFAULT_CHUNK_BYTES
 
-# Records this owner wrote and folded without decoding them (`LogWriter.written`).
-FROM_MEMORY = "nereus_shard_log_folded_from_memory_total"
-SNAPSHOT_WRITTEN_AT = "nereus_snapshot_last_completed_seconds"
-SNAPSHOT_BYTES = "nereus_snapshot_bytes"
-SNAPSHOT_ROWS = "nereus_snapshot_rows"
-RESTORE_SECONDS = "nereus_snapshot_restore_seconds"
-RESTORE_BYTES = "nereus_snapshot_restore_bytes"
-TRIMMED_OFFSET = "nereus_commands_trimmed_below_offset"
 LAG_OFFSETS = "nereus_shard_log_lag_offsets"
 
 
@@ -150,47 +150,10 @@ class KafkaLog:
         self._caught_up = False
         self._folded_own_seq = 0
         self._local_replies: list[tuple[str, tuple[EntryOutcome, ...]]] = []
-        self._undecodable = 0
-        self._snapshots_on = False  # the snapshot topics exist
-        self._common_settings: dict[str, Any] = {}
-        self._snapshot: SnapshotRun | None = None
-        self._snapshot_offsets: list[int] = []
-        self._snapshot_manifest: SnapshotManifest | None = None  # written, not yet committed
-        self._snapshot_started = 0.0
-        self._snapshot_done_at = time.monotonic()  # the first one waits a whole interval
-        self.last_snapshot: SnapshotManifest | None = None
-        self._admin: Any = None
-        self.metrics.describe(
-            SNAPSHOT_WRITTEN_AT, "gauge", "When the shard's last snapshot was completed (Unix s)."
+        self.snapshots = LogSnapshots(
+            store, config, self._writer, metrics=self.metrics, log=self.log
         )
-        self.metrics.describe(SNAPSHOT_BYTES, "gauge", "Bytes of the shard's last snapshot.")
-        self.metrics.describe(SNAPSHOT_ROWS, "gauge", "Rows of the shard's last snapshot.")
-        self.metrics.describe(
-            RESTORE_SECONDS, "gauge", "How long the restore of the shard from a snapshot took."
-        )
-        self.metrics.describe(RESTORE_BYTES, "gauge", "Bytes of the snapshot the shard restored.")
-        self.metrics.describe(
-            LAG_OFFSETS,
-            "gauge",
-            "Offsets of the shard's partition not yet folded (high watermark of the last fetch "
-            "minus the next offset to fold; transaction markers count).",
-        )
-        self.metrics.describe(
-            TRIMMED_OFFSET,
-            "gauge",
-            "The offset below which this owner last deleted records of the shard's partition.",
-        )
-        self.metrics.describe(
-            COMMIT_SECONDS,
-            "histogram",
-            "Commits of the Kafka shard log: the fold of what was read (LMDB, synced) and the "
-            "tick's Kafka transaction.",
-        )
-        self.metrics.describe(
-            FROM_MEMORY,
-            "counter",
-            "Records this owner wrote, folded from memory when the read reached their offsets.",
-        )
+        _describe(self.metrics)
 
     # Opening ------------------------------------------------------------------------------
 
@@ -198,56 +161,37 @@ class KafkaLog:
         if self._opened:
             return
         c = self.config
-        source = self.store.source
-        if source is None:
-            if self.store.meta.position != 0:
-                raise StoreError(
-                    self.store.path, "holds an embedded shard log; it cannot follow a topic"
-                )
-        elif (source.topic, source.partition) != (c.topic, c.partition):
-            raise StoreError(
-                self.store.path,
-                f"follows {source.topic}[{source.partition}], not {c.topic}[{c.partition}]",
-            )
-        self._folded_offset = source.last_offset if source is not None else -1
+        self._folded_offset = folded_offset_of(self.store, c)
         common: dict[str, Any] = {"bootstrap.servers": c.bootstrap}
         common.update(c.client_config)
-        self._common_settings = common
         self._writer.open(common)
-        consumer = Consumer(
-            {
-                **common,
-                "client.id": f"nereus-shardlog-{c.partition}",
-                # Assigned, never subscribed nor committed with: positions live in LMDB.
-                "group.id": f"nereus-shardlog-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "error",
-                "fetch.wait.max.ms": 100,
-            }
-        )
+        consumer = new_consumer(common, c)
         try:
             low, _high = watermarks(
                 consumer, TopicPartition(c.topic, c.partition), c.init_timeout_s
             )
             manifest = latest_manifest(common, c.topic, c.partition, c.init_timeout_s)
-            start = self._resume_offset(manifest, low)
-            self._admin = AdminClient(dict(common))
-            self._check_obligation_ages()
+            self.snapshots.common_settings = common  # a restore reads with them
+            start, self._folded_offset = resume_offset(
+                self.store,
+                c,
+                snapshots=self.snapshots,
+                folded_offset=self._folded_offset,
+                manifest=manifest,
+                low=low,
+                log=self.log,
+            )
+            admin = AdminClient(dict(common))
+            check_obligation_ages(self.store, c, admin)
         except BaseException:
             consumer.close()
             raise
         consumer.assign([TopicPartition(c.topic, c.partition, start)])
         self._consumer = consumer
-        self._snapshots_on = c.snapshot_interval_ms > 0 and snapshot_topics_exist(
+        on = c.snapshot_interval_ms > 0 and snapshot_topics_exist(
             consumer, c.topic, c.init_timeout_s
         )
-        if self.last_snapshot is None:
-            # The newest complete snapshot already there is the older of the two the next
-            # snapshot keeps.
-            self.last_snapshot = manifest
+        self.snapshots.opened(admin, on, manifest)
         self._opened = True
         self.log.info(
             "shard_log_opened",
@@ -258,119 +202,6 @@ class KafkaLog:
             applied_position=self.store.meta.position,
             tenure=self.tenure,
         )
-
-    def _resume_offset(self, manifest: SnapshotManifest | None, low: int) -> int:
-        """Where the fold resumes, given the shard's newest snapshot and the offset its
-        partition now starts at. A fresh store restores the snapshot (or folds from offset
-        0 where there is none and nothing was deleted). A store that folded up to a point
-        the partition has since been trimmed past (the records it had not folded were
-        deleted behind a snapshot) is replaced by the snapshot, which must cover the gap;
-        else the shard is refused, naming the offsets."""
-        c = self.config
-        start = self._folded_offset + 1
-        if start == 0:
-            if self._restore_snapshot(manifest, low):
-                return self._folded_offset + 1
-            if low > 0:
-                raise StoreError(
-                    self.store.path,
-                    f"{c.topic}[{c.partition}] starts at offset {low}, not 0 (retention "
-                    "deleted records), and no snapshot in "
-                    f"{manifests_topic(c.topic)}[{c.partition}] covers offset {low - 1}: "
-                    "shard log positions cannot be counted from here",
-                )
-            # int(): mypyc type-checks this module in the build's own environment, where
-            # confluent_kafka is not installed and its constants are Any.
-            return int(OFFSET_BEGINNING)
-        if start >= low:
-            return start
-        if manifest is None or manifest.covered_offset < low - 1:
-            newest = (
-                "no snapshot"
-                if manifest is None
-                else f"the newest snapshot covers offsets up to {manifest.covered_offset}"
-            )
-            raise StoreError(
-                self.store.path,
-                f"this store folded {c.topic}[{c.partition}] up to offset {start - 1}, but the "
-                f"partition now starts at offset {low}, and {newest}: the records between "
-                "cannot be folded",
-            )
-        self.log.warning(
-            "store_replaced_by_snapshot",
-            partition=c.partition,
-            folded_offset=start - 1,
-            partition_start=low,
-            snapshot_id=manifest.snapshot_id,
-            covered_offset=manifest.covered_offset,
-        )
-        self.store.discard_state()
-        self._restore_snapshot(manifest, low)  # low > 0: a failure raises
-        return self._folded_offset + 1
-
-    def _check_obligation_ages(self) -> None:
-        """Where the commands topic has a time retention of its own, refuse a shard whose
-        oldest open obligation is older than it: that obligation's Admission, the evidence
-        of an attempt that may be at the destination, is deleted or about to be."""
-        c = self.config
-        retention_ms = configured_retention_ms(topic_config(self._admin, c.topic, c.init_timeout_s))
-        oldest = self._oldest_open_obligation() if retention_ms >= 0 else None
-        if oldest is None:
-            return
-        age_ms = int(time.time() * 1000) - oldest.admitted_at_ms
-        if age_ms >= retention_ms:
-            raise StoreError(
-                self.store.path,
-                f"an open obligation was admitted {age_ms} ms ago, and {c.topic} keeps records "
-                f"for retention.ms={retention_ms}: its Admission (the evidence of an attempt "
-                "that may be at the destination) is no longer certain to be readable; raise "
-                "the topic's retention.ms above that age (or -1) and settle the obligation",
-            )
-
-    def _restore_snapshot(self, manifest: SnapshotManifest | None, low: int) -> bool:
-        """Restore the fresh store from `manifest`, the shard's newest snapshot, if there is
-        one; the fold then resumes after the offset it covers. A snapshot that cannot be
-        restored is refused where the log cannot replace it (its start was deleted), and
-        passed over (False: fold from offset 0) where it can."""
-        c = self.config
-        if manifest is None:
-            return False
-        if manifest.covered_offset < low - 1:
-            raise StoreError(
-                self.store.path,
-                f"{c.topic}[{c.partition}] starts at offset {low}, but its newest snapshot "
-                f"({manifest.snapshot_id}) covers offsets up to {manifest.covered_offset} "
-                "only: the records between were deleted",
-            )
-        started = time.monotonic()
-        try:
-            restore_snapshot(self.store, self._common_settings, manifest)
-        except StoreError as exc:
-            if low > 0:
-                raise
-            self.log.warning(
-                "snapshot_restore_failed",
-                partition=c.partition,
-                snapshot_id=manifest.snapshot_id,
-                error=str(exc),
-            )
-            return False
-        self._folded_offset = manifest.covered_offset
-        self.last_snapshot = manifest
-        seconds = round(time.monotonic() - started, 3)
-        self.metrics.set(RESTORE_SECONDS, seconds)
-        self.metrics.set(RESTORE_BYTES, manifest.transfer.bytes)
-        self.log.info(
-            "snapshot_restored",
-            partition=c.partition,
-            snapshot_id=manifest.snapshot_id,
-            covered_offset=manifest.covered_offset,
-            position=manifest.transfer.position,
-            rows=manifest.transfer.rows,
-            bytes=manifest.transfer.bytes,
-            seconds=seconds,
-        )
-        return True
 
     # State --------------------------------------------------------------------------------
 
@@ -399,7 +230,7 @@ class KafkaLog:
     def pending(self) -> bool:
         if not self._buffer:
             self._fill(0)
-        if self._buffer or self._snapshot is not None or self._snapshot_due():
+        if self._buffer or self.snapshots.running or self.snapshots.due(self._caught_up):
             return True
         return self._writer.pending(self._caught_up)
 
@@ -439,78 +270,57 @@ class KafkaLog:
     def _fold(
         self,
         now_ms: int,
-        also: Callable[[Any], None],
+        claims: ClaimWriter,
         before_commit: Callable[[list[Applied]], None],
     ) -> list[Applied]:
         c = self.config
         batch = self._buffer[: c.max_batch_records]
         del self._buffer[: len(batch)]
-        entries: list[LogEntry] = []
-        payloads: dict[int, Payload] = {}
-        origin: dict[int, Envelope] = {}
-        position = self.store.meta.position
-        for m in batch:
-            ts_type, ts = m.timestamp()
-            if ts_type != TIMESTAMP_LOG_APPEND_TIME:
-                raise RuntimeError(
-                    f"{c.topic}[{c.partition}] offset {m.offset()} has no LogAppendTime "
-                    "timestamp: the broker's persistence time is the only time the shard "
-                    "log may carry (message.timestamp.type=LogAppendTime)"
-                )
-            # A record this owner wrote is folded from memory; any other is decoded.
-            envelope = self._writer.take_written(m.offset())
-            if envelope is not None:
-                self.metrics.inc(FROM_MEMORY)
-            try:
-                if envelope is None:
-                    envelope = decode_envelope(m.value() or b"")
-            except msgspec.DecodeError as exc:
-                self._undecodable += 1
-                self.metrics.inc("nereus_shard_log_undecodable_total")
-                self.log.warning(
-                    "shard_log_record_skipped", offset=m.offset(), error=str(exc)[:200]
-                )
-                continue
-            position += 1
-            entries.append(LogEntry(position, ts, envelope.record))
-            origin[position] = envelope
-            if envelope.payload is not None:
-                checked, dropped = checked_payloads(envelope.record, envelope.payload)
-                if checked is not None:
-                    payloads[position] = checked
-                if dropped:
-                    self.log.warning("payload_mismatch", position=position, offset=m.offset())
+        entries, payloads, origin = decode_records(
+            batch,
+            self.store.meta.position,
+            config=c,
+            writer=self._writer,
+            metrics=self.metrics,
+            log=self.log,
+        )
 
         def replies_then_write(results: list[Applied]) -> None:
-            for entry, effects in results:
-                envelope = origin[entry.position]
-                self._own_folded(envelope.request_id)
-                reply_to = envelope.reply_to
-                if reply_to is None or entry.persisted_at_ms < now_ms - c.reply_window_ms:
-                    continue
-                answers = outcomes_of(entry.record, effects)
-                if reply_to == c.process_id and self._on_reply is not None:
-                    self._local_replies.append((envelope.request_id, answers))
-                else:
-                    batch = answers if len(answers) > 1 else ()
-                    reply = Reply(envelope.request_id, answers[0], batch)
-                    self._writer.replies.append((reply_to, reply))
+            self._reply(results, origin, now_ms)
             before_commit(results)
 
         last_offset = batch[-1].offset()
-        source = LogSource("kafka", c.topic, c.partition, last_offset)
-        results = self.store.apply(
-            entries,
-            also=also,
-            source=source,
+        request = FoldRequest(
+            source=LogSource("kafka", c.topic, c.partition, last_offset),
             payloads=payloads,
-            before_commit=replies_then_write,
             payloads_checked=True,  # checked_payloads kept only bytes that match
+            claims=claims,
+            before_commit=replies_then_write,
         )
+        results = self.store.apply(entries, request)
         self._folded_offset = last_offset
         self._writer.forget_written(last_offset)
         self._measure_lag()
         return results
+
+    def _reply(self, results: list[Applied], origin: dict[int, Envelope], now_ms: int) -> None:
+        """Queue the replies to the folded commands (persisted within the reply window):
+        to this process's callers directly, to other processes through the replies topic
+        (in this tick's transaction, before the fold commits)."""
+        c = self.config
+        for entry, effects in results:
+            envelope = origin[entry.position]
+            self._own_folded(envelope.request_id)
+            reply_to = envelope.reply_to
+            if reply_to is None or entry.persisted_at_ms < now_ms - c.reply_window_ms:
+                continue
+            answers = outcomes_of(entry.record, effects)
+            if reply_to == c.process_id and self._on_reply is not None:
+                self._local_replies.append((envelope.request_id, answers))
+            else:
+                batch = answers if len(answers) > 1 else ()
+                reply = Reply(envelope.request_id, answers[0], batch)
+                self._writer.replies.append((reply_to, reply))
 
     def _measure_lag(self) -> None:
         """Offsets of the partition not yet folded, from the high watermark the consumer's
@@ -536,7 +346,7 @@ class KafkaLog:
         self,
         items: Sequence[Appendable],
         now_ms: int,
-        also: Callable[[Any], None],
+        also: ClaimWriter,
     ) -> tuple[list[LogEntry], list[Applied]]:
         """Fold what was read and write the tick's records with the replies to the folded
         commands, in one Kafka transaction committed BEFORE the fold's store transaction:
@@ -548,7 +358,7 @@ class KafkaLog:
         if not self._buffer:
             self._fill(0)
         self._writer.unwritten.extend(items)
-        sent = self._snapshot_step(now_ms)
+        sent = self.snapshots.step(now_ms, self._caught_up)
         lost: list[ShardLost] = []
 
         def write(_results: list[Applied]) -> None:
@@ -568,137 +378,12 @@ class KafkaLog:
         if self._on_reply is not None:
             for request_id, answers in local:
                 self._on_reply(request_id, answers)
-        if sent:
-            if self._writer.extra:
-                self._snapshot_abandoned()
-            else:
-                self._snapshot_committed()
+        self.snapshots.finish(sent)
         if lost:
             raise lost[0]
         seconds = time.perf_counter() - started
         self.metrics.observe(COMMIT_SECONDS, seconds, None, COMMIT_BUCKETS_S)
         return [], results
-
-    # Snapshots ----------------------------------------------------------------------------
-
-    def _snapshot_due(self) -> bool:
-        c = self.config
-        return (
-            self._snapshots_on
-            and self._snapshot is None
-            and self._caught_up
-            and time.monotonic() - self._snapshot_done_at >= c.snapshot_interval_ms / 1000
-        )
-
-    def _snapshot_step(self, now_ms: int) -> bool:
-        """Put the running snapshot's next records into this tick's transaction (starting
-        one when due): its chunks, a bounded number of bytes a tick, then, once they are all
-        committed, its manifest. True if any were put."""
-        c = self.config
-        if self._snapshot is None:
-            if not self._snapshot_due():
-                return False
-            self._snapshot = SnapshotRun(self.store, c.topic, c.partition, c.snapshot_chunk_bytes)
-            self._snapshot_offsets = []
-            self._snapshot_started = time.monotonic()
-        run = self._snapshot
-        if not run.exhausted():
-            chunks = snapshots_topic(c.topic)
-            for key, value in run.take(c.snapshot_bytes_per_tick):
-                self._writer.extra.append((chunks, c.partition, key, value))
-            return True
-        offsets = self._snapshot_offsets
-        manifest = run.manifest(min(offsets), max(offsets), now_ms)
-        self._snapshot_manifest = manifest
-        value = msgspec.msgpack.encode(manifest)
-        self._writer.extra.append((manifests_topic(c.topic), c.partition, MANIFEST_KEY, value))
-        return True
-
-    def _snapshot_committed(self) -> None:
-        """The transaction holding this tick's snapshot records committed."""
-        manifest, self._snapshot_manifest = self._snapshot_manifest, None
-        if manifest is None:
-            self._snapshot_offsets.extend(self._writer.extra_offsets)
-            return
-        self._snapshot_done()
-        previous, self.last_snapshot = self.last_snapshot, manifest
-        self.metrics.set(SNAPSHOT_WRITTEN_AT, manifest.written_at_ms / 1000)
-        self.metrics.set(SNAPSHOT_BYTES, manifest.transfer.bytes)
-        self.metrics.set(SNAPSHOT_ROWS, manifest.transfer.rows)
-        self.log.info(
-            "snapshot_written",
-            partition=self.config.partition,
-            snapshot_id=manifest.snapshot_id,
-            covered_offset=manifest.covered_offset,
-            position=manifest.transfer.position,
-            chunks=manifest.transfer.chunks,
-            bytes=manifest.transfer.bytes,
-            seconds=round(time.monotonic() - self._snapshot_started, 3),
-        )
-        if previous is not None and self.config.trim_after_snapshots:
-            self._trim(previous)
-
-    def _trim(self, previous: SnapshotManifest) -> None:
-        """Delete the records no restore can need once a newer snapshot than `previous` is
-        complete: the chunks before `previous`'s, and the commands up to the offset it
-        covers, unless an open obligation was admitted at or before its position (the
-        Recovery Floor: the Admission is the evidence of an attempt that may be at the
-        destination). Asynchronous: the outcome is logged."""
-        c = self.config
-        cuts = [TopicPartition(snapshots_topic(c.topic), c.partition, previous.first_chunk_offset)]
-        oldest = self._oldest_open_obligation()
-        floor = None if oldest is None else oldest.admitted_position
-        if floor is None or floor > previous.transfer.position:
-            cuts.append(TopicPartition(c.topic, c.partition, previous.covered_offset + 1))
-        else:
-            self.log.info(
-                "commands_trim_held",
-                partition=c.partition,
-                admission_position=floor,
-                snapshot_position=previous.transfer.position,
-            )
-        for tp, future in self._admin.delete_records(cuts).items():
-            future.add_done_callback(self._trimmed_callback(tp))
-
-    def _trimmed_callback(self, tp: TopicPartition) -> Callable[[Any], None]:
-        def done(future: Any) -> None:
-            error = future.exception()
-            if error is not None:
-                self.log.warning(
-                    "records_trim_failed", topic=tp.topic, partition=tp.partition, error=str(error)
-                )
-                return
-            self.log.info(
-                "records_trimmed", topic=tp.topic, partition=tp.partition, below=tp.offset
-            )
-            if tp.topic == self.config.topic:
-                self.metrics.set(TRIMMED_OFFSET, tp.offset)
-
-        return done
-
-    def _oldest_open_obligation(self) -> Obligation | None:
-        """The open obligation admitted first (at the lowest position, so also the
-        earliest broker time), or None."""
-        with self.store.read() as view:
-            open_ = [o for _, o in view.items(Table.OBLIGATIONS) if isinstance(o, Obligation)]
-        return min(open_, key=_admitted_position, default=None)
-
-    def _snapshot_abandoned(self) -> None:
-        """A transaction holding snapshot records did not commit. The snapshot is dropped,
-        not retried: whatever refused it (a record over the topic's limit, say) must never
-        hold back the shard's own records, which are written again without it. The next
-        one is tried an interval later."""
-        self._writer.extra = []
-        self.log.warning("snapshot_abandoned", partition=self.config.partition)
-        self.metrics.inc("nereus_snapshots_abandoned_total")
-        self._snapshot_done()
-
-    def _snapshot_done(self) -> None:
-        if self._snapshot is not None:
-            self._snapshot.close()
-            self._snapshot = None
-        self._snapshot_manifest = None
-        self._snapshot_done_at = time.monotonic()
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -712,12 +397,42 @@ class KafkaLog:
             except (KafkaException, RuntimeError) as exc:
                 self.log.warning("shard_log_close_failed", error=str(exc))
             self._consumer = None
-        self._snapshot_done()
+        self.snapshots.close()
         self._writer.close()
         self._opened = False
         self._buffer = []
         self._local_replies = []
 
 
-def _admitted_position(obligation: Obligation) -> int:
-    return obligation.admitted_position
+def _describe(metrics: Metrics) -> None:
+    metrics.describe(
+        SNAPSHOT_WRITTEN_AT, "gauge", "When the shard's last snapshot was completed (Unix s)."
+    )
+    metrics.describe(SNAPSHOT_BYTES, "gauge", "Bytes of the shard's last snapshot.")
+    metrics.describe(SNAPSHOT_ROWS, "gauge", "Rows of the shard's last snapshot.")
+    metrics.describe(
+        RESTORE_SECONDS, "gauge", "How long the restore of the shard from a snapshot took."
+    )
+    metrics.describe(RESTORE_BYTES, "gauge", "Bytes of the snapshot the shard restored.")
+    metrics.describe(
+        LAG_OFFSETS,
+        "gauge",
+        "Offsets of the shard's partition not yet folded (high watermark of the last fetch "
+        "minus the next offset to fold; transaction markers count).",
+    )
+    metrics.describe(
+        TRIMMED_OFFSET,
+        "gauge",
+        "The offset below which this owner last deleted records of the shard's partition.",
+    )
+    metrics.describe(
+        COMMIT_SECONDS,
+        "histogram",
+        "Commits of the Kafka shard log: the fold of what was read (LMDB, synced) and the "
+        "tick's Kafka transaction.",
+    )
+    metrics.describe(
+        FROM_MEMORY,
+        "counter",
+        "Records this owner wrote, folded from memory when the read reached their offsets.",
+    )

@@ -50,6 +50,9 @@ def test_compiled_and_source_kernels_agree_on_simulated_histories() -> None:
     source, source_modules = _sim("source")
     assert "nereus.kernel.reducer" in built_modules
     assert "storage.store" in built_modules
+    # The store's hot jobs, each a module of its own: the fold, the log's table, the indexes.
+    for hot in ("storage.fold", "storage.log_table", "storage.indexes", "storage.claims"):
+        assert hot in built_modules, hot
     assert "runtime.shard" in built_modules
     assert source_modules == "compiled: -"
     assert built == source

@@ -37,6 +37,7 @@ from nereus.kernel.records import (
     Unknown,
 )
 from nereus.runtime.config import RuntimeConfig
+from nereus.runtime.deferred import Deferred
 from nereus.runtime.destination import (
     DLQ_CONSUMER_GROUP,
     H_CONSUMER_GROUP,
@@ -343,3 +344,25 @@ def test_a_copy_too_large_for_the_dead_letter_topic_is_written_without_its_paylo
     assert m.dead_letter_evidence is not None and _owed(h) == {}
     assert dead_letter_key(m.message_id, m.generation) not in _owed(h)
     h.close()
+
+
+def test_deferred_records_reach_the_next_batch_once_and_in_the_order_they_arose() -> None:
+    """The queue the runtime hands to dead letters and the effects runner: what is added
+    goes into the next drained batch, after what the batch already holds, exactly once."""
+    where = Evidence("dlq", 0, 7, T0_MS)
+    first = (DeadLetterWritten("m1", 1, where), None)
+    second = (DeadLetterWritten("m2", 1, where), None)
+    deferred = Deferred()
+    deferred.add(first)
+    deferred.add(second)
+    assert deferred and len(deferred) == 2
+    batch: list[Any] = ["already there"]
+    deferred.drain_into(batch)
+    assert batch == ["already there", first, second]
+    assert not deferred
+    deferred.drain_into(batch)
+    assert batch == ["already there", first, second]  # drained once, never twice
+    deferred.add(first)
+    deferred.clear()  # the shard was let go: nothing of it reaches a later commit
+    deferred.drain_into(batch)
+    assert len(batch) == 3

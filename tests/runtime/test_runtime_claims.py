@@ -24,6 +24,7 @@ from nereus.runtime.claim import Claim
 from nereus.runtime.claims import ClaimTable, send_gate_open
 from nereus.runtime.config import RuntimeConfig
 from nereus.runtime.destination import PreparedPublish
+from nereus.storage.store import ShardStore
 from tests.support.builders import T0_MS, Shard, interval_at, schedule
 from tests.support.strategies import props
 
@@ -249,3 +250,28 @@ def test_an_admitted_claim_is_never_revoked_by_time(tmp_path: Path) -> None:
         runtime.run_once()
         assert runtime.claims.get(claim.message_id) is claim
         assert runtime.claims.state_of(claim.message_id) in ("admitted", "sending")
+
+
+# Persisting, through the store's claims port ----------------------------------------------
+
+
+def test_claims_persist_through_the_store_port_and_a_restart_drops_them(tmp_path: Path) -> None:
+    """The claim rows a commit writes are the claims held at that commit; a table started
+    on the same store continues the sequence (attempt ids never repeat) and its first
+    commit deletes the rows its predecessor left."""
+    with ShardStore.open(str(tmp_path / "shard")) as store:
+        table = _table()
+        assert table.load(*store.read_claims()) == 0
+        held = [table.claim(MESSAGES[key], _prepared(MESSAGES[key]), T0_MS) for key in KEYS[:3]]
+        store.commit([], T0_MS, table.flush)
+        assert store.read_claims() == (3, 3)
+        table.release(held[0].message_id)  # written by the commit before: deleted by the next
+        store.commit([], T0_MS, table.flush)
+        assert store.read_claims() == (3, 2)
+
+        successor = _table()
+        assert successor.load(*store.read_claims()) == 2  # two stale claims
+        again = successor.claim(MESSAGES["k3"], _prepared(MESSAGES["k3"]), T0_MS)
+        assert again.claim_sequence == 4
+        store.commit([], T0_MS, successor.flush)
+        assert store.read_claims() == (4, 1)  # the stale two gone, the new one kept

@@ -29,12 +29,14 @@ from nereus.kernel.model import AttemptStatus, Table, TimelineWork
 from nereus.kernel.records import Appendable
 from nereus.replay.fold import replay
 from nereus.storage.base import LmdbBase
+from nereus.storage.claims import ClaimRows
 from nereus.storage.codec import decode_struct, encode_value, frame
 from nereus.storage.errors import CorruptRecord, StoreError
 from nereus.storage.schema import (
     HEADER_KEY,
     SCHEMA_VERSION,
     SHARD_META_KEY,
+    LogInfo,
     StoreHeader,
     StoreOptions,
 )
@@ -275,17 +277,28 @@ def test_commit_appends_and_folds_everything_pending_in_one_transaction(
 ) -> None:
     store.append([(schedule("a"), PAYLOAD), (schedule("b"), PAYLOAD)], T0_MS)
 
-    def claim(txn: object) -> None:
-        txn.put(b"claim-a", b"held", db=store.env.claims)  # type: ignore[attr-defined]
+    def claim(rows: ClaimRows) -> None:
+        rows.write({7: LogInfo()}, (), 7)  # any row: the claims port stores what it is given
 
     entries, results = store.commit([(k.Cancel("acme", "reminders", "a"), None)], T0_MS + 5, claim)
     assert [e.position for e in entries] == [3]
     assert codes(results) == [k.Code.SCHEDULED, k.Code.SCHEDULED, k.Code.CANCELED]
     assert (store.meta.position, store.log_last_position) == (3, 3)
-    with store.env.env.begin() as txn:
-        assert txn.get(b"claim-a", db=store.env.claims) == b"held"
+    assert store.read_claims() == (7, 1)  # the claim sequence, and one claim row
     assert live_digest(store) == replay_digest(store)
     assert store_problems(store) == []
+
+
+def test_the_claims_port_writes_in_the_commit_and_reads_back_rows_and_sequence(
+    store: ShardStore,
+) -> None:
+    assert store.read_claims() == (0, 0)
+    store.commit([], T0_MS, lambda rows: rows.write({1: LogInfo(), 2: LogInfo()}, (), 2))
+    assert store.read_claims() == (2, 2)
+    store.commit([], T0_MS, lambda rows: rows.write({3: LogInfo()}, (1,), 3))
+    assert store.read_claims() == (3, 2)  # claim 1 deleted, claim 3 added
+    store.commit([], T0_MS, lambda rows: rows.write({}, (), 5, wipe=True))
+    assert store.read_claims() == (5, 0)  # every claim row gone, the sequence kept
 
 
 def test_a_failed_commit_writes_nothing_at_all(store: ShardStore) -> None:
@@ -293,16 +306,15 @@ def test_a_failed_commit_writes_nothing_at_all(store: ShardStore) -> None:
     store.apply_pending()
     digest = live_digest(store)
 
-    def claim(txn: object) -> None:
-        txn.put(b"claim-b", b"held", db=store.env.claims)  # type: ignore[attr-defined]
+    def claim(rows: ClaimRows) -> None:
+        rows.write({7: LogInfo()}, (), 7)
 
     with corrupt_message_row(store, "b"), pytest.raises(CorruptRecord):
         store.commit([(schedule("b", digest=OTHER_DIGEST, size=13), OTHER_PAYLOAD)], T0_MS, claim)
     assert (store.meta.position, store.log_last_position) == (1, 1)
     assert [e.position for e in store.iter_log()] == [1]
     assert store.payload(OTHER_DIGEST) is None
-    with store.env.env.begin() as txn:
-        assert txn.get(b"claim-b", db=store.env.claims) is None
+    assert store.read_claims() == (0, 0)  # no claim sequence, no claim row
     assert live_digest(store) == digest
     entries, results = store.commit([(schedule("b"), PAYLOAD)], T0_MS)
     assert [e.position for e in entries] == [2]

@@ -12,8 +12,8 @@ so does every record a producer held when it failed fatally. The error table its
 checked on real `KafkaError` values. End to end, a `ShardRuntime` on a real LMDB store with
 the host clock publishes timers due in 0..1500 ms through this destination: each record
 arrives exactly once, never stamped (LogAppendTime) before its deliverAt. The transactional
-capability's own cases (aborts, transactions in doubt, the fence) are in
-tests/test_kafka_transactions.py.
+capability's cases under faults (aborts, transactions in doubt, the fence) are in
+test_kafka_faults.py, test_kafka_broker_restart.py and test_kafka_partition.py.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from nereus.adapters.clock import SystemClock
-from nereus.adapters.kafka.log import FROM_MEMORY
+from nereus.adapters.kafka.log_read import FROM_MEMORY
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import AttemptStatus

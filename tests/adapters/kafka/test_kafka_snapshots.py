@@ -422,9 +422,9 @@ def test_the_commands_an_open_obligations_admission_needs_are_never_trimmed(
         log = KafkaLog(store, KafkaLogConfig("unused:9092", topic, 1, "replies", "p"))
         for position, kept in ((admitted, True), (admitted - 1, False)):
             admin = _Admin()
-            log._admin = admin
+            log.snapshots.admin = admin
             transfer = msgspec.structs.replace(_transfer(store), position=position)
-            log._trim(SnapshotManifest("s", topic, 1, 900, 40, 60, 0, transfer))
+            log.snapshots.trim(SnapshotManifest("s", topic, 1, 900, 40, 60, 0, transfer))
             assert TopicPartition(snapshots_topic(topic), 1, 40) in admin.cuts
             assert (TopicPartition(topic, 1, 901) in admin.cuts) is not kept
 

@@ -44,6 +44,7 @@ from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
 from nereus.service.arguments import schedule_record
+from nereus.storage.request import FoldRequest
 from nereus.storage.schema import LogSource
 from nereus.storage.store import ShardStore
 
@@ -86,19 +87,21 @@ def test_apply_writes_the_source_offset_and_payloads_with_the_fold(tmp_path: Pat
     with ShardStore.open(path, shard_id="kafka:cmd:0") as store:
         assert store.source is None
         source = LogSource("kafka", "cmd", 0, 41)
-        results = store.apply(
-            entries,
+        request = FoldRequest(
             source=source,
             payloads={1: payload},
             before_commit=lambda res: seen.extend(e.position for e, _ in res),
         )
+        results = store.apply(entries, request)
         assert [e.position for e, _ in results] == seen == [1, 2]
         assert store.source == source
         with pytest.raises(RuntimeError):
             store.apply(
                 [LogEntry(3, T0_MS + 6, Cancel("default", "q", "k"))],
-                source=LogSource("kafka", "cmd", 0, 45),
-                before_commit=lambda _res: (_ for _ in ()).throw(RuntimeError("no")),
+                FoldRequest(
+                    source=LogSource("kafka", "cmd", 0, 45),
+                    before_commit=lambda _res: (_ for _ in ()).throw(RuntimeError("no")),
+                ),
             )
     with ShardStore.open(path, shard_id="kafka:cmd:0", create=False) as store:
         assert store.source == LogSource("kafka", "cmd", 0, 41)  # the failed batch left nothing
