@@ -49,17 +49,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from nereus.kernel.effects import EntryOutcome
-from nereus.kernel.model import ShardMeta
 from nereus.kernel.records import Appendable, Cancel, LogEntry
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
 from nereus.runtime.batching import MAX_BATCH_ITEMS, command_record
 from nereus.runtime.guard import guarded
 from nereus.runtime.intake import CommandFuture
-from nereus.storage.base import LmdbBase
-from nereus.storage.codec import decode_struct, key_position
-from nereus.storage.errors import lmdb_refusal
-from nereus.storage.schema import SHARD_META_KEY
 from nereus.storage.store import ShardStore
 
 if TYPE_CHECKING:
@@ -137,18 +132,12 @@ def committed_verdict(
     """The reducer's outcomes for `cancels` appended as one record right after the applied
     position P of one read snapshot, each carrying P, if that fold would change nothing but
     the log position; else why not."""
-    env = store.env
-    with lmdb_refusal(env.data_file), env.env.begin() as txn:
-        meta = decode_struct(
-            ShardMeta, txn.get(SHARD_META_KEY, db=env.meta), env.data_file, "shard meta"
-        )
-        with txn.cursor(db=env.log) as cursor:
-            # An entry appended but not folded (an import's tail) may hold a schedule.
-            if cursor.last() and key_position(cursor.key()) != meta.position:
-                return Unanswered.PENDING
-        before = State(store.config, meta, LmdbBase(txn, env.tables, env.data_file))
+    with store.folded_state() as before:
+        if before is None:
+            return Unanswered.PENDING
         record, _payloads = command_record([(c, None) for c in cancels])
         # The log's time never goes backwards, and a cancel's verdict does not read it.
+        meta = before.meta
         entry = LogEntry(meta.position + 1, meta.last_persisted_at_ms, record)
         after, effects = reduce(before, entry)
     if not changes_nothing(before, after, effects, len(cancels)):

@@ -19,7 +19,7 @@ from nereus.kernel.config import KernelConfig
 from nereus.kernel.model import ShardMeta
 from nereus.kernel.state import State
 from nereus.storage.base import LmdbBase, StoreView
-from nereus.storage.codec import decode_struct
+from nereus.storage.codec import decode_struct, key_position
 from nereus.storage.env import Env
 from nereus.storage.errors import lmdb_refusal
 from nereus.storage.schema import SHARD_META_KEY, PayloadBlob
@@ -40,6 +40,20 @@ def state_view(env: Env, config: KernelConfig) -> Iterator[State]:
             ShardMeta, txn.get(SHARD_META_KEY, db=env.meta), env.data_file, "shard meta"
         )
         yield State(config, meta, LmdbBase(txn, env.tables, env.data_file))
+
+
+@contextmanager
+def folded_state(env: Env, config: KernelConfig) -> Iterator[State | None]:
+    """`state_view`, or None when the log holds an entry the state has not folded (an
+    import's tail, appended and not yet applied): a verdict read from that state could miss
+    a schedule the log already holds."""
+    with lmdb_refusal(env.data_file), env.env.begin() as txn:
+        meta = decode_struct(
+            ShardMeta, txn.get(SHARD_META_KEY, db=env.meta), env.data_file, "shard meta"
+        )
+        with txn.cursor(db=env.log) as cursor:
+            unfolded = cursor.last() and key_position(cursor.key()) != meta.position
+        yield None if unfolded else State(config, meta, LmdbBase(txn, env.tables, env.data_file))
 
 
 def payload(env: Env, digest: str) -> bytes | None:

@@ -306,6 +306,11 @@ class ShardStore:
         """The applied state as a kernel State over a read snapshot."""
         return reads.state_view(self._env, self.config)
 
+    def folded_state(self) -> AbstractContextManager[State | None]:
+        """The applied state over a read snapshot, or None while the log holds an entry it
+        has not folded (`storage.reads.folded_state`)."""
+        return reads.folded_state(self._env, self.config)
+
     def payload(self, digest: str) -> bytes | None:
         return reads.payload(self._env, digest)
 
