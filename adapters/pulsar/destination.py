@@ -15,8 +15,9 @@ as message properties (message id, generation, attempt id, txn, producer). Two c
   `adapters.pulsar.handoff`; the broker's settings behind them are read through its admin
   API at `open` and again every `settings_ttl_s`, in the background
   (`adapters.pulsar.offers`). Until a topic's settings have been read (or after they stopped
-  certifying the handoff) its queue gets ordinary managed delivery. Pulsar delays only for Shared and Key_Shared subscriptions: a
-  consumer on an Exclusive or Failover subscription sees a handed-off message at once.
+  certifying the handoff) its queue gets ordinary managed delivery. Pulsar delays only for
+  Shared and Key_Shared subscriptions: a consumer on an Exclusive or Failover subscription
+  sees a handed-off message at once.
 
 `submit` never blocks: the sends go to the destination's sender thread, which makes the
 producers and calls `send_async`. A topic gets two producers, each with its own name and so
