@@ -14,7 +14,6 @@ against the links, so a new layer cannot escape the scan by not being listed.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 MODULE_LINES_MAX = 500
@@ -62,27 +61,30 @@ def _product_modules() -> list[Path]:
     return sorted(found)
 
 
-def _walk(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, str, int]]:
-    """Yields (kind, qualified name, lines) for every class and function, nested ones too."""
-    for node in body:
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            name = f"{prefix}{node.name}"
-            assert node.end_lineno is not None
-            lines = node.end_lineno - node.lineno + 1
-            yield ("class" if isinstance(node, ast.ClassDef) else "function", name, lines)
-            yield from _walk(node.body, f"{name}.")
-        else:
-            # Definitions under `if`, `try` or `with` at any depth are still definitions.
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                inner = getattr(node, field, None)
-                if isinstance(inner, list):
-                    yield from _walk([n for n in inner if isinstance(n, ast.stmt)], prefix)
-                    for handler in inner:
-                        if isinstance(handler, ast.ExceptHandler):
-                            yield from _walk(handler.body, prefix)
-            if isinstance(node, ast.Match):
-                for case in node.cases:
-                    yield from _walk(case.body, prefix)
+class _Definitions(ast.NodeVisitor):
+    """Every class and function with its qualified name and lines, nested ones too, under
+    `if`, `try`, `with` or `match` as well as at the top."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, str, int]] = []
+        self._names: list[str] = []
+
+    def _define(self, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        assert node.end_lineno is not None
+        self._names.append(node.name)
+        kind = "class" if isinstance(node, ast.ClassDef) else "function"
+        self.found.append((kind, ".".join(self._names), node.end_lineno - node.lineno + 1))
+        self.generic_visit(node)
+        self._names.pop()
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._define(node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._define(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self._define(node)
 
 
 def oversized(source: str, where: str) -> dict[str, str]:
@@ -93,7 +95,9 @@ def oversized(source: str, where: str) -> dict[str, str]:
     if module_lines > MODULE_LINES_MAX:
         found[where] = f"module of {module_lines} lines (max {MODULE_LINES_MAX})"
     limits = {"class": CLASS_LINES_MAX, "function": FUNCTION_LINES_MAX}
-    for kind, name, lines in _walk(ast.parse(source).body, ""):
+    definitions = _Definitions()
+    definitions.visit(ast.parse(source))
+    for kind, name, lines in definitions.found:
         if lines > limits[kind]:
             found[f"{where}:{name}"] = f"{kind} of {lines} lines (max {limits[kind]})"
     return found
@@ -158,4 +162,15 @@ def test_the_checker_catches_an_oversized_module_and_definitions_under_if() -> N
     assert oversized(source, "m.py") == {
         "m.py": "module of 523 lines (max 500)",
         "m.py:hidden": "function of 72 lines (max 70)",
+    }
+
+
+def test_the_limits_themselves_are_allowed() -> None:
+    assert oversized("x = 1\n" * MODULE_LINES_MAX, "m.py") == {}
+    methods = "".join(_function(f"m{i}", 9, indent="    ") for i in range(29))
+    at_limit = "class Fits:\n" + methods + "    pass\n" * 9
+    assert len(at_limit.splitlines()) == CLASS_LINES_MAX
+    assert oversized(at_limit, "m.py") == {}
+    assert oversized(at_limit + "    pass\n", "m.py") == {
+        "m.py:Fits": "class of 301 lines (max 300)"
     }
