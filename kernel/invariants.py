@@ -4,12 +4,17 @@ Theory of operation: the reducer maintains redundant structure (counters, the ob
 index, the timeline, payload reference counts) for speed. Each invariant recomputes one piece
 from the primary rows and compares. The ids (INV-nn) are stable and listed in
 `specs/invariants.md`. This walks the whole state: it is an audit, not a hot-path check.
+
+Each invariant is kept by small named checks in two tables keyed by its id, as the lifecycle
+rules are a table (`kernel/rules.py`): `STATE_CHECKS` look at the whole state, and
+`MESSAGE_CHECKS` at one message at a time. The primary rows are read once (`_Rows`), and the
+report follows `ORDER`, which lists every id once.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from nereus.kernel.keys import dead_letter_key, message_id, parse_timeline_key
@@ -280,12 +285,41 @@ def _message_timing(rows: _Rows, mid: str, m: Message) -> Iterator[Violation]:
         yield Violation("INV-10", f"message {mid} timing")
 
 
-def _dead_letters(rows: _Rows) -> Iterator[Violation]:
-    yield from _dead_letter_violations(rows.messages, rows.dead_letters)
+def _dead_letters(rows: _Rows) -> Iterable[Violation]:
+    messages = rows.messages
+    out: list[Violation] = []
+    current: set[str] = set()
+    for key, d in rows.dead_letters:
+        where = f"dead letter {key.decode(errors='replace')}"
+        m = messages.get(d.message_id)
+        if key != dead_letter_key(d.message_id, d.generation) or m is None:
+            out.append(Violation("INV-13", f"{where} names no message under its key"))
+        elif d.generation > m.generation:
+            out.append(Violation("INV-13", f"{where} is of a generation never made"))
+        elif d.generation == m.generation:
+            current.add(d.message_id)
+            same = (
+                m.txn, m.payload_digest, m.payload_size, m.partition_key, m.producer_sub,
+                m.encrypted, m.deliver_at_ms, m.attempts_spent, m.failures, m.last_error,
+            ) == (
+                d.txn, d.payload_digest, d.payload_size, d.partition_key, d.producer_sub,
+                d.encrypted, d.deliver_at_ms, d.attempts_spent, d.failures, d.last_error,
+            )  # fmt: skip
+            if m.status is not Status.DEAD_LETTERED or m.dead_letter_evidence is not None:
+                out.append(Violation("INV-13", f"{where} pending for a {m.status} message"))
+            elif not same:
+                out.append(Violation("INV-13", f"{where} differs from its message"))
+    for mid, m in messages.items():
+        if m.dead_letter_evidence is not None and m.status is not Status.DEAD_LETTERED:
+            out.append(Violation("INV-13", f"{m.status} message {mid} has dead-letter evidence"))
+        owed = m.status is Status.DEAD_LETTERED and m.dead_letter_evidence is None
+        if owed and mid not in current:
+            out.append(Violation("INV-13", f"dead-lettered message {mid} owes no copy"))
+    return out
 
 
-StateCheck = Callable[[_Rows], Iterator[Violation]]
-MessageCheck = Callable[[_Rows, str, Message], Iterator[Violation]]
+StateCheck = Callable[[_Rows], Iterable[Violation]]
+MessageCheck = Callable[[_Rows, str, Message], Iterable[Violation]]
 
 # The checks, keyed by the invariant each keeps. An invariant may have a check of the whole
 # state, a check of one message, or both; the whole-state one runs first.
@@ -339,40 +373,6 @@ def check(state: State) -> list[Violation]:
             for mid, m in rows.messages.items():
                 for one in per_message:
                     out.extend(one(rows, mid, m))
-    return out
-
-
-def _dead_letter_violations(
-    messages: dict[str, Message], dead_letters: list[tuple[bytes, DeadLetterPending]]
-) -> list[Violation]:
-    out: list[Violation] = []
-    current: set[str] = set()
-    for key, d in dead_letters:
-        where = f"dead letter {key.decode(errors='replace')}"
-        m = messages.get(d.message_id)
-        if key != dead_letter_key(d.message_id, d.generation) or m is None:
-            out.append(Violation("INV-13", f"{where} names no message under its key"))
-        elif d.generation > m.generation:
-            out.append(Violation("INV-13", f"{where} is of a generation never made"))
-        elif d.generation == m.generation:
-            current.add(d.message_id)
-            same = (
-                m.txn, m.payload_digest, m.payload_size, m.partition_key, m.producer_sub,
-                m.encrypted, m.deliver_at_ms, m.attempts_spent, m.failures, m.last_error,
-            ) == (
-                d.txn, d.payload_digest, d.payload_size, d.partition_key, d.producer_sub,
-                d.encrypted, d.deliver_at_ms, d.attempts_spent, d.failures, d.last_error,
-            )  # fmt: skip
-            if m.status is not Status.DEAD_LETTERED or m.dead_letter_evidence is not None:
-                out.append(Violation("INV-13", f"{where} pending for a {m.status} message"))
-            elif not same:
-                out.append(Violation("INV-13", f"{where} differs from its message"))
-    for mid, m in messages.items():
-        if m.dead_letter_evidence is not None and m.status is not Status.DEAD_LETTERED:
-            out.append(Violation("INV-13", f"{m.status} message {mid} has dead-letter evidence"))
-        owed = m.status is Status.DEAD_LETTERED and m.dead_letter_evidence is None
-        if owed and mid not in current:
-            out.append(Violation("INV-13", f"dead-lettered message {mid} owes no copy"))
     return out
 
 
