@@ -15,15 +15,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from nereus.adapters.local.wake import UNWAKEABLE_POLL_S, Waker
 
 
+class Topics(Protocol):
+    def end_offset(self, topic: str) -> int:
+        """The offset the next record of `topic` gets (0 for a topic never written)."""
+        ...
+
+
 class Arrivals:
-    def __init__(self, path: str, end_offset: Callable[[str], int]) -> None:
+    def __init__(self, path: str, topics: Topics) -> None:
         self.path = path
-        # Reads a topic's end: the destination's own read, under this object's lock.
-        self._end_offset = end_offset
+        # Whose topics: each look reads `topics.end_offset`, under this object's lock.
+        self._topics = topics
         # Notified after every committed batch of sends, for consumers waiting in `wait_for`.
         self._arrived = threading.Condition()
         # True once a runtime sends through this destination: then every record of the
@@ -66,7 +73,7 @@ class Arrivals:
                     # `close` takes this lock too: the environment is open while it is held.
                     if stop() or self._closed:
                         return False
-                    if self._end_offset(topic) > offset:
+                    if self._topics.end_offset(topic) > offset:
                         return True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -92,7 +99,7 @@ class Arrivals:
                 # `close` takes this lock too: the environment is open while it is held.
                 if stop() or self._closed:
                     return False
-                if self._end_offset(topic) > offset:
+                if self._topics.end_offset(topic) > offset:
                     return True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

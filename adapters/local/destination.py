@@ -145,9 +145,7 @@ class LocalDestination:
             raise StoreError(path, f"cannot open the local destination: {exc}") from exc
         self._results: list[SendResult] = []
         # Consumers waiting in `wait_for`, woken after every committed batch of sends.
-        # The topic's end is read through this instance's attribute at each look, not a
-        # method bound now, so a wrapper set on the instance (a test counting looks) is seen.
-        self._arrivals = Arrivals(path, lambda topic: self.end_offset(topic))
+        self._arrivals = Arrivals(path, self)
         # The directory's lock while this instance is its writer, and the fence it makes.
         self._lock: DirectoryLock | None = None
         self._fence: Fence | None = None
