@@ -32,6 +32,7 @@ from setuptools.command.build_ext import build_ext
 # the tally.
 COMPILED = [
     "nereus/kernel/commands.py",
+    "nereus/kernel/failure.py",
     "nereus/kernel/keys.py",
     "nereus/kernel/mutations.py",
     "nereus/kernel/overlay.py",

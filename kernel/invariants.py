@@ -4,11 +4,17 @@ Theory of operation: the reducer maintains redundant structure (counters, the ob
 index, the timeline, payload reference counts) for speed. Each invariant recomputes one piece
 from the primary rows and compares. The ids (INV-nn) are stable and listed in
 `specs/invariants.md`. This walks the whole state: it is an audit, not a hot-path check.
+
+Each invariant is kept by small named checks in two tables keyed by its id, as the lifecycle
+rules are a table (`kernel/rules.py`): `STATE_CHECKS` look at the whole state, and
+`MESSAGE_CHECKS` at one message at a time. The primary rows are read once (`_Rows`), and the
+report follows `ORDER`, which lists every id once.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from nereus.kernel.keys import dead_letter_key, message_id, parse_timeline_key
@@ -78,70 +84,127 @@ INVARIANTS: dict[str, str] = {
 }
 
 
-def check(state: State) -> list[Violation]:
-    out: list[Violation] = []
+class _Rows(NamedTuple):
+    """The state's primary rows, read once, and what several checks derive from them."""
+
+    messages: dict[str, Message]
+    attempts: dict[str, Attempt]
+    obligations: dict[str, Obligation]
+    timeline: list[tuple[bytes, TimelineWork]]
+    payloads: dict[str, PayloadRef]
+    usage: dict[str, TenantUsage]
+    dead_letters: list[tuple[bytes, DeadLetterPending]]
+    state: State
+    open_attempts: dict[str, Attempt]
+    # Of each message's current generation only: its open attempts, PUBLISHING ones by id,
+    # and UNKNOWN ones counted (a superseded generation's attempt only waits for evidence).
+    current_open: Counter[str]
+    publishing: dict[str, list[str]]
+    unknown: Counter[str]
+    # (message, generation, evidence) of every PUBLISHED attempt.
+    published: set[tuple[str, int, object]]
+
+
+def _rows(state: State) -> _Rows:
     messages = {k.decode(): v for k, v in state.items(Table.MESSAGES) if isinstance(v, Message)}
     attempts = {k.decode(): v for k, v in state.items(Table.ATTEMPTS) if isinstance(v, Attempt)}
-    obligations = {
-        k.decode(): v for k, v in state.items(Table.OBLIGATIONS) if isinstance(v, Obligation)
-    }
-    timeline = [(k, v) for k, v in state.items(Table.TIMELINE) if isinstance(v, TimelineWork)]
-    payloads = {k.decode(): v for k, v in state.items(Table.PAYLOADS) if isinstance(v, PayloadRef)}
-    usage = {k.decode(): v for k, v in state.items(Table.USAGE) if isinstance(v, TenantUsage)}
-    dead_letters = [
-        (k, v) for k, v in state.items(Table.DEAD_LETTERS) if isinstance(v, DeadLetterPending)
-    ]
-    cfg = state.config
-
-    for mid, m in messages.items():
-        if message_id(m.tenant, m.queue, m.timer_key) != mid or m.message_id != mid:
-            out.append(Violation("INV-01", f"message {mid} has identity of another id"))
-
     open_attempts = {a: v for a, v in attempts.items() if v.status in OPEN_ATTEMPT_STATUSES}
-    for aid, att in open_attempts.items():
-        ob = obligations.get(aid)
-        if ob is None or ob.message_id != att.message_id or ob.generation != att.generation:
-            out.append(Violation("INV-02", f"open attempt {aid} has no matching obligation"))
-    for aid in obligations.keys() - open_attempts.keys():
-        out.append(Violation("INV-02", f"obligation {aid} names no open attempt"))
-
     current_open: Counter[str] = Counter()
     publishing: dict[str, list[str]] = {}
     unknown: Counter[str] = Counter()
     for aid, att in open_attempts.items():
         msg = messages.get(att.message_id)
-        if msg is None:
-            out.append(Violation("INV-03", f"open attempt {aid} has no message"))
+        if msg is None or msg.generation != att.generation:
             continue
-        if msg.generation != att.generation:
-            continue  # a superseded generation's obligation: it only waits for evidence
         current_open[att.message_id] += 1
         if att.status is AttemptStatus.PUBLISHING:
             publishing.setdefault(att.message_id, []).append(aid)
-            allowed: tuple[Status, ...] = (Status.PUBLISHING, Status.DELIVERED)
         else:
             unknown[att.message_id] += 1
+    return _Rows(
+        messages=messages,
+        attempts=attempts,
+        obligations={
+            k.decode(): v for k, v in state.items(Table.OBLIGATIONS) if isinstance(v, Obligation)
+        },
+        timeline=[(k, v) for k, v in state.items(Table.TIMELINE) if isinstance(v, TimelineWork)],
+        payloads={
+            k.decode(): v for k, v in state.items(Table.PAYLOADS) if isinstance(v, PayloadRef)
+        },
+        usage={k.decode(): v for k, v in state.items(Table.USAGE) if isinstance(v, TenantUsage)},
+        dead_letters=[
+            (k, v) for k, v in state.items(Table.DEAD_LETTERS) if isinstance(v, DeadLetterPending)
+        ],
+        state=state,
+        open_attempts=open_attempts,
+        current_open=current_open,
+        publishing=publishing,
+        unknown=unknown,
+        published={
+            (a.message_id, a.generation, a.evidence)
+            for a in attempts.values()
+            if a.status is AttemptStatus.PUBLISHED
+        },
+    )
+
+
+def _identity(rows: _Rows) -> Iterator[Violation]:
+    for mid, m in rows.messages.items():
+        if message_id(m.tenant, m.queue, m.timer_key) != mid or m.message_id != mid:
+            yield Violation("INV-01", f"message {mid} has identity of another id")
+
+
+def _obligations(rows: _Rows) -> Iterator[Violation]:
+    for aid, att in rows.open_attempts.items():
+        ob = rows.obligations.get(aid)
+        if ob is None or ob.message_id != att.message_id or ob.generation != att.generation:
+            yield Violation("INV-02", f"open attempt {aid} has no matching obligation")
+    for aid in rows.obligations.keys() - rows.open_attempts.keys():
+        yield Violation("INV-02", f"obligation {aid} names no open attempt")
+
+
+def _open_attempt_fits(rows: _Rows) -> Iterator[Violation]:
+    for aid, att in rows.open_attempts.items():
+        msg = rows.messages.get(att.message_id)
+        if msg is None:
+            yield Violation("INV-03", f"open attempt {aid} has no message")
+            continue
+        if msg.generation != att.generation:
+            continue
+        if att.status is AttemptStatus.PUBLISHING:
+            allowed: tuple[Status, ...] = (Status.PUBLISHING, Status.DELIVERED)
+        else:
             allowed = (Status.UNCERTAIN, Status.PUBLISHING, Status.DELIVERED, Status.DEAD_LETTERED)
         if msg.status not in allowed:
-            out.append(Violation("INV-03", f"open attempt {aid} but message is {msg.status}"))
-    for mid, aids in publishing.items():
-        if len(aids) > 1:
-            out.append(Violation("INV-04", f"message {mid} has {len(aids)} PUBLISHING attempts"))
-    for mid, m in messages.items():
-        mine = publishing.get(mid, [])
-        if m.status is Status.PUBLISHING and mine != [m.last_attempt_id]:
-            out.append(Violation("INV-04", f"PUBLISHING message {mid} lacks its attempt"))
-        if m.status is Status.UNCERTAIN and (mine or not unknown.get(mid)):
-            out.append(Violation("INV-04", f"UNCERTAIN message {mid} attempts do not fit"))
-        if m.open_attempts != current_open.get(mid, 0):
-            out.append(Violation("INV-11", f"message {mid} open_attempts={m.open_attempts}"))
-        if m.uncertain_retries > cfg.max_uncertain_retries:
-            out.append(Violation("INV-11", f"message {mid} uncertain_retries"))
+            yield Violation("INV-03", f"open attempt {aid} but message is {msg.status}")
 
+
+def _publishing_attempts(rows: _Rows) -> Iterator[Violation]:
+    for mid, aids in rows.publishing.items():
+        if len(aids) > 1:
+            yield Violation("INV-04", f"message {mid} has {len(aids)} PUBLISHING attempts")
+
+
+def _message_attempts(rows: _Rows, mid: str, m: Message) -> Iterator[Violation]:
+    mine = rows.publishing.get(mid, [])
+    if m.status is Status.PUBLISHING and mine != [m.last_attempt_id]:
+        yield Violation("INV-04", f"PUBLISHING message {mid} lacks its attempt")
+    if m.status is Status.UNCERTAIN and (mine or not rows.unknown.get(mid)):
+        yield Violation("INV-04", f"UNCERTAIN message {mid} attempts do not fit")
+
+
+def _message_open_count(rows: _Rows, mid: str, m: Message) -> Iterator[Violation]:
+    if m.open_attempts != rows.current_open.get(mid, 0):
+        yield Violation("INV-11", f"message {mid} open_attempts={m.open_attempts}")
+    if m.uncertain_retries > rows.state.config.max_uncertain_retries:
+        yield Violation("INV-11", f"message {mid} uncertain_retries")
+
+
+def _timeline(rows: _Rows) -> Iterator[Violation]:
     seen: set[str] = set()
-    for key, work in timeline:
+    for key, work in rows.timeline:
         action_at_ms, mid, generation = parse_timeline_key(key)
-        owner = messages.get(mid)
+        owner = rows.messages.get(mid)
         if (
             owner is None
             or not owner.has_work
@@ -150,80 +213,83 @@ def check(state: State) -> list[Violation]:
             or work.version != owner.version
             or mid in seen
         ):
-            out.append(Violation("INV-05", f"timeline row {action_at_ms}/{mid}/{generation}"))
+            yield Violation("INV-05", f"timeline row {action_at_ms}/{mid}/{generation}")
         seen.add(mid)
-    for mid, m in messages.items():
+    for mid, m in rows.messages.items():
         if m.has_work and mid not in seen:
-            out.append(Violation("INV-05", f"message {mid} has_work but no timeline row"))
+            yield Violation("INV-05", f"message {mid} has_work but no timeline row")
         if m.status is Status.SCHEDULED and not m.has_work:
-            out.append(Violation("INV-05", f"scheduled message {mid} has no work"))
+            yield Violation("INV-05", f"scheduled message {mid} has no work")
         if m.has_work and m.status not in (Status.SCHEDULED, Status.UNCERTAIN):
-            out.append(Violation("INV-05", f"{m.status} message {mid} has work"))
+            yield Violation("INV-05", f"{m.status} message {mid} has work")
 
-    counters = state.meta.counters
-    by_status = Counter(m.status for m in messages.values())
+
+def _counters(rows: _Rows) -> Iterator[Violation]:
+    counters = rows.state.meta.counters
+    by_status = Counter(m.status for m in rows.messages.values())
     for st, name in STATUS_COUNTER.items():
         if getattr(counters, name) != by_status.get(st, 0):
-            out.append(Violation("INV-06", f"counter {name}={getattr(counters, name)}"))
-    by_attempt = Counter(a.status for a in attempts.values())
+            yield Violation("INV-06", f"counter {name}={getattr(counters, name)}")
+    by_attempt = Counter(a.status for a in rows.attempts.values())
     for ast, name in ATTEMPT_COUNTER.items():
         if getattr(counters, name) != by_attempt.get(ast, 0):
-            out.append(Violation("INV-06", f"counter {name}={getattr(counters, name)}"))
-    if counters.dead_letters_pending != len(dead_letters):
-        out.append(
-            Violation("INV-06", f"counter dead_letters_pending={counters.dead_letters_pending}")
-        )
+            yield Violation("INV-06", f"counter {name}={getattr(counters, name)}")
+    if counters.dead_letters_pending != len(rows.dead_letters):
+        yield Violation("INV-06", f"counter dead_letters_pending={counters.dead_letters_pending}")
 
-    holders = Counter(m.payload_digest for m in messages.values() if m.status in PAYLOAD_HOLDING)
-    holders.update(d.payload_digest for _, d in dead_letters)
-    for digest in holders.keys() | payloads.keys():
-        ref = payloads.get(digest)
+
+def _payload_refcounts(rows: _Rows) -> Iterator[Violation]:
+    messages = rows.messages.values()
+    holders = Counter(m.payload_digest for m in messages if m.status in PAYLOAD_HOLDING)
+    holders.update(d.payload_digest for _, d in rows.dead_letters)
+    for digest in holders.keys() | rows.payloads.keys():
+        ref = rows.payloads.get(digest)
         if ref is None or ref.count != holders.get(digest, 0):
-            out.append(Violation("INV-07", f"payload {digest[:12]} refcount mismatch"))
+            yield Violation("INV-07", f"payload {digest[:12]} refcount mismatch")
 
-    expected_usage: dict[str, TenantUsage] = {}
-    for m in messages.values():
+
+def _tenant_usage(rows: _Rows) -> Iterator[Violation]:
+    expected: dict[str, TenantUsage] = {}
+    for m in rows.messages.values():
         if m.status in LIVE_STATUSES:
-            held = expected_usage.get(m.tenant, TenantUsage(0, 0))
-            expected_usage[m.tenant] = TenantUsage(held.live + 1, held.bytes + m.payload_size)
-    for tenant in expected_usage.keys() | usage.keys():
-        if usage.get(tenant) != expected_usage.get(tenant):
-            out.append(
-                Violation(
-                    "INV-12",
-                    f"tenant {tenant!r} usage {usage.get(tenant)!r}, "
-                    f"messages say {expected_usage.get(tenant)!r}",
-                )
+            held = expected.get(m.tenant, TenantUsage(0, 0))
+            expected[m.tenant] = TenantUsage(held.live + 1, held.bytes + m.payload_size)
+    for tenant in expected.keys() | rows.usage.keys():
+        if rows.usage.get(tenant) != expected.get(tenant):
+            yield Violation(
+                "INV-12",
+                f"tenant {tenant!r} usage {rows.usage.get(tenant)!r}, "
+                f"messages say {expected.get(tenant)!r}",
             )
 
-    published = {
-        (a.message_id, a.generation, a.evidence)
-        for a in attempts.values()
-        if a.status is AttemptStatus.PUBLISHED
-    }
-    for mid, m in messages.items():
-        if (m.status is Status.DELIVERED and m.evidence is None) or (
-            m.evidence is not None and (mid, m.generation, m.evidence) not in published
-        ):
-            out.append(Violation("INV-08", f"delivered message {mid} lacks evidence"))
-        if m.attempts_spent > cfg.max_attempts or (
-            m.status is Status.DEAD_LETTERED and m.attempts_spent != cfg.max_attempts
-        ):
-            out.append(Violation("INV-09", f"message {mid} spent {m.attempts_spent}"))
-        if (m.has_work and m.action_at_ms < action_at(m.deliver_at_ms, m.capability)) or (
-            m.deliver_at_ms + cfg.limits.min_delivery_window_ms > m.expire_at_ms
-        ):
-            out.append(Violation("INV-10", f"message {mid} timing"))
-    out.extend(_dead_letter_violations(messages, dead_letters))
-    return out
+
+def _message_evidence(rows: _Rows, mid: str, m: Message) -> Iterator[Violation]:
+    if (m.status is Status.DELIVERED and m.evidence is None) or (
+        m.evidence is not None and (mid, m.generation, m.evidence) not in rows.published
+    ):
+        yield Violation("INV-08", f"delivered message {mid} lacks evidence")
 
 
-def _dead_letter_violations(
-    messages: dict[str, Message], dead_letters: list[tuple[bytes, DeadLetterPending]]
-) -> list[Violation]:
+def _message_budget(rows: _Rows, mid: str, m: Message) -> Iterator[Violation]:
+    cfg = rows.state.config
+    if m.attempts_spent > cfg.max_attempts or (
+        m.status is Status.DEAD_LETTERED and m.attempts_spent != cfg.max_attempts
+    ):
+        yield Violation("INV-09", f"message {mid} spent {m.attempts_spent}")
+
+
+def _message_timing(rows: _Rows, mid: str, m: Message) -> Iterator[Violation]:
+    if (m.has_work and m.action_at_ms < action_at(m.deliver_at_ms, m.capability)) or (
+        m.deliver_at_ms + rows.state.config.limits.min_delivery_window_ms > m.expire_at_ms
+    ):
+        yield Violation("INV-10", f"message {mid} timing")
+
+
+def _dead_letters(rows: _Rows) -> Iterable[Violation]:
+    messages = rows.messages
     out: list[Violation] = []
     current: set[str] = set()
-    for key, d in dead_letters:
+    for key, d in rows.dead_letters:
         where = f"dead letter {key.decode(errors='replace')}"
         m = messages.get(d.message_id)
         if key != dead_letter_key(d.message_id, d.generation) or m is None:
@@ -249,6 +315,64 @@ def _dead_letter_violations(
         owed = m.status is Status.DEAD_LETTERED and m.dead_letter_evidence is None
         if owed and mid not in current:
             out.append(Violation("INV-13", f"dead-lettered message {mid} owes no copy"))
+    return out
+
+
+StateCheck = Callable[[_Rows], Iterable[Violation]]
+MessageCheck = Callable[[_Rows, str, Message], Iterable[Violation]]
+
+# The checks, keyed by the invariant each keeps. An invariant may have a check of the whole
+# state, a check of one message, or both; the whole-state one runs first.
+STATE_CHECKS: dict[str, StateCheck] = {
+    "INV-01": _identity,
+    "INV-02": _obligations,
+    "INV-03": _open_attempt_fits,
+    "INV-04": _publishing_attempts,
+    "INV-05": _timeline,
+    "INV-06": _counters,
+    "INV-07": _payload_refcounts,
+    "INV-12": _tenant_usage,
+    "INV-13": _dead_letters,
+}
+MESSAGE_CHECKS: dict[str, MessageCheck] = {
+    "INV-04": _message_attempts,
+    "INV-11": _message_open_count,
+    "INV-08": _message_evidence,
+    "INV-09": _message_budget,
+    "INV-10": _message_timing,
+}
+
+# The order of the report: a stage of several ids walks the messages once, running each id's
+# message check on a message before moving to the next one, so that a message's violations
+# are listed together.
+ORDER: tuple[tuple[str, ...], ...] = (
+    ("INV-01",),
+    ("INV-02",),
+    ("INV-03",),
+    ("INV-04", "INV-11"),
+    ("INV-05",),
+    ("INV-06",),
+    ("INV-07",),
+    ("INV-12",),
+    ("INV-08", "INV-09", "INV-10"),
+    ("INV-13",),
+)
+
+
+def check(state: State) -> list[Violation]:
+    """Every violation of `state`, in the order of `ORDER`."""
+    rows = _rows(state)
+    out: list[Violation] = []
+    for stage in ORDER:
+        for inv in stage:
+            whole = STATE_CHECKS.get(inv)
+            if whole is not None:
+                out.extend(whole(rows))
+        per_message = [MESSAGE_CHECKS[inv] for inv in stage if inv in MESSAGE_CHECKS]
+        if per_message:
+            for mid, m in rows.messages.items():
+                for one in per_message:
+                    out.extend(one(rows, mid, m))
     return out
 
 

@@ -12,7 +12,8 @@ evidence, and its message becomes UNCERTAIN. An UNCERTAIN message may be retried
 number of times (the retry may duplicate the unknown attempt; that is recorded, not hidden).
 A generation that spends its budget is DEAD_LETTERED and, in the same step, owes a
 dead-letter copy (a dead_letters row); the runtime writes it and DEAD_LETTER_WRITTEN_V1
-closes it with its evidence, so a crash between the two is recovered from the state.
+closes it with its evidence, so a crash between the two is recovered from the state. What a
+failed try does to its message (backoff, retry, dead-lettering) is `kernel/failure.py`.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from typing import Final
 import msgspec
 
 from nereus.kernel.codes import Code
-from nereus.kernel.effects import DeadLetter, Publish, RevokeClaim
+from nereus.kernel.effects import Publish, RevokeClaim
+from nereus.kernel.failure import after_failure
 from nereus.kernel.keys import attempt_prefix, lane_id, str_key
 from nereus.kernel.model import (
     Attempt,
     AttemptStatus,
-    DeadLetterPending,
     Lane,
     Message,
     Obligation,
@@ -48,10 +49,10 @@ from nereus.kernel.records import (
     ShardState,
     Unknown,
 )
-from nereus.kernel.rules import OLD_GENERATION, SAME, attempt_rule, rule
+from nereus.kernel.rules import OLD_GENERATION, SAME, attempt_rule, new_status, rule
 from nereus.kernel.step import Step
 from nereus.kernel.timing import Decision, decide
-from nereus.kernel.validation import action_at, check_identity, visible_at
+from nereus.kernel.validation import check_identity, visible_at
 
 # Enum members the hot paths compare against, as module globals: an Enum class attribute
 # goes through EnumType.__getattr__'s slot on Python 3.11 (~0.1 us a lookup, four times a
@@ -74,12 +75,6 @@ def _status(message: Message | None) -> str:
     return "ABSENT" if message is None else message.status
 
 
-def _new_status(to_status: str) -> Status:
-    """A rule's to_status as a Status. The table already holds members (only SAME is a
-    plain string), and Status(member) is a slow Python-level enum call for the same result."""
-    return to_status if isinstance(to_status, Status) else Status(to_status)
-
-
 # AttemptStatus by value: a dict lookup, where AttemptStatus(value) is a slow enum call.
 _ATTEMPT_STATUS: dict[str, AttemptStatus] = {s.value: s for s in AttemptStatus}
 
@@ -97,12 +92,9 @@ def _lane_closed(step: Step, message: Message) -> bool:
     return isinstance(lane, Lane) and lane.gate == "CLOSED"
 
 
-def admission(step: Step, r: PublishAdmission) -> None:
-    # The duplicate check comes first: an enqueue retry of an Admission that already won
-    # must not revoke the live claim that is sending it.
-    if step.attempt(r.attempt_id) is not None:
-        return step.rejected(Code.ADMISSION_DUPLICATE_ATTEMPT, attempt_id=r.attempt_id)
-    message = step.message(r.message_id)
+def _admission_refusal(step: Step, r: PublishAdmission, message: Message | None) -> Code | None:
+    """Why an Admission (not a duplicate) is refused, checked in the order of `kernel/codes`;
+    None when it qualifies."""
     code: Code | None = None
     if step.shard_status != "ACTIVE_FOR_COMMANDS":
         code = Code.SHARD_NOT_ACTIVE
@@ -128,6 +120,16 @@ def admission(step: Step, r: PublishAdmission) -> None:
             code = Code.ADMISSION_BEFORE_ACTION_TIME
         elif step.bp_ms >= message.expire_at_ms:
             code = Code.ADMISSION_AFTER_EXPIRE
+    return code
+
+
+def admission(step: Step, r: PublishAdmission) -> None:
+    # The duplicate check comes first: an enqueue retry of an Admission that already won
+    # must not revoke the live claim that is sending it.
+    if step.attempt(r.attempt_id) is not None:
+        return step.rejected(Code.ADMISSION_DUPLICATE_ATTEMPT, attempt_id=r.attempt_id)
+    message = step.message(r.message_id)
+    code = _admission_refusal(step, r, message)
     if code is not None:
         step.effects.append(RevokeClaim(r.message_id, r.generation, code, r.claim_id))
         return step.rejected(code, message, attempt_id=r.attempt_id)
@@ -313,7 +315,7 @@ def _message_after_outcome(
             updated_at_ms=step.bp_ms,
             updated_position=step.position,
             open_attempts=open_attempts,
-            status=_new_status(verdict.to_status),
+            status=new_status(verdict.to_status),
             evidence=result.evidence,
             delivered_attempt_id=attempt.attempt_id,
             has_work=False,
@@ -324,10 +326,10 @@ def _message_after_outcome(
         return updated
     base = msgspec.structs.replace(_touch(step, message), open_attempts=open_attempts)
     if isinstance(result, NotPublished):
-        return _after_failure(
+        return after_failure(
             step, message, base, op, result.error_code, spends=result.disposition == "permanent"
         )
-    return _after_failure(step, message, base, op, f"unknown: {result.reason}", spends=False)
+    return after_failure(step, message, base, op, f"unknown: {result.reason}", spends=False)
 
 
 def _touch(step: Step, message: Message) -> Message:
@@ -337,85 +339,6 @@ def _touch(step: Step, message: Message) -> Message:
         updated_at_ms=step.bp_ms,
         updated_position=step.position,
     )
-
-
-def _after_failure(
-    step: Step, before: Message, base: Message, op: str, error: str, *, spends: bool
-) -> Message:
-    """A try failed (or its fate is unknown): back off and retry, wait for evidence, or
-    dead-letter once the budget is spent. Transient failures cost no attempt; every failure
-    doubles the next backoff. A retry is never keyed before the generation's first action
-    time, whatever the entry's persistence time says."""
-    cfg = step.config
-    spent = base.attempts_spent + (1 if spends else 0)
-    behind_unknown = base.open_attempts > 0
-    if op == "outcome_unknown":
-        condition = "-"
-    elif spent >= cfg.max_attempts:
-        condition = "budget_spent"
-    elif op in ("outcome_permanent", "claim_result"):
-        condition = "budget_left_behind_unknown" if behind_unknown else "budget_left"
-    else:
-        condition = "behind_unknown" if behind_unknown else "alone"
-    verdict = rule(op, _status(before), condition)
-    status = _new_status(verdict.to_status)
-    failures = base.failures + 1
-    first_action_ms = action_at(base.deliver_at_ms, base.capability)
-    retry_at = max(step.bp_ms + cfg.backoff_ms(failures), first_action_ms)
-    has_work = False
-    action_at_ms = base.action_at_ms
-    if status is Status.SCHEDULED:
-        # Keyed no later than expireAt so an expiry is discovered on time.
-        has_work, action_at_ms = True, min(retry_at, base.expire_at_ms)
-    elif status is _UNCERTAIN and (
-        base.uncertain_retries < cfg.max_uncertain_retries and retry_at < base.expire_at_ms
-    ):
-        has_work, action_at_ms = True, retry_at
-    updated = msgspec.structs.replace(
-        base,
-        status=status,
-        attempts_spent=spent,
-        failures=failures,
-        last_error=error,
-        has_work=has_work,
-        action_at_ms=action_at_ms,
-    )
-    if before.has_work:
-        step.remove_timeline(before)
-    if status is Status.DEAD_LETTERED:
-        # Owed from this very step: the copy's content as it stands now, and its payload.
-        step.put_dead_letter(
-            DeadLetterPending(
-                message_id=updated.message_id,
-                generation=updated.generation,
-                attempts_spent=updated.attempts_spent,
-                failures=updated.failures,
-                last_error=updated.last_error,
-                txn=updated.txn,
-                payload_digest=updated.payload_digest,
-                payload_size=updated.payload_size,
-                partition_key=updated.partition_key,
-                producer_sub=updated.producer_sub,
-                encrypted=updated.encrypted,
-                deliver_at_ms=updated.deliver_at_ms,
-                dead_lettered_position=step.position,
-                dead_lettered_at_ms=step.bp_ms,
-            )
-        )
-    step.put_message(before, updated)
-    if has_work:
-        step.put_timeline(updated, "retry")
-    if status is Status.DEAD_LETTERED:
-        step.effects.append(
-            DeadLetter(
-                message_id=updated.message_id,
-                generation=updated.generation,
-                attempts_spent=updated.attempts_spent,
-                failures=updated.failures,
-                last_error=updated.last_error,
-            )
-        )
-    return updated
 
 
 def claim_result(step: Step, r: ClaimResult) -> None:
@@ -431,7 +354,7 @@ def claim_result(step: Step, r: ClaimResult) -> None:
     if rule("claim_result", _status(message), condition).code is Code.CLAIM_RESULT_STALE:
         return step.rejected(Code.CLAIM_RESULT_STALE, message)
     step.revoke(message, Code.CLAIM_RESULT_RECORDED, r.claim_id)
-    updated = _after_failure(
+    updated = after_failure(
         step, message, _touch(step, message), "claim_result", r.error_code, spends=True
     )
     step.applied(Code.CLAIM_RESULT_RECORDED, updated)

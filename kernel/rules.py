@@ -173,6 +173,12 @@ def rule(op: str, from_status: str, condition: str) -> Rule:
     return found
 
 
+def new_status(to_status: str) -> Status:
+    """A rule's to_status as a Status. The table already holds members (only SAME is a
+    plain string), and Status(member) is a slow Python-level enum call for the same result."""
+    return to_status if isinstance(to_status, Status) else Status(to_status)
+
+
 class AttemptRule(NamedTuple):
     from_status: str
     result: str

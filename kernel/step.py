@@ -297,36 +297,31 @@ class Step:
         if tag is None:
             record = self.entry.record
             tag = _RECORD_TYPES.get(type(record)) or record_type(record)
-        if message is None:
-            self.outcome = EntryOutcome(
-                self.position,
-                tag,
-                applied,
-                code,
-                None,
-                None,
-                None,
-                txn,
-                None,
-                attempt_id,
-                evidence,
-                self.index,
-            )
-        else:
-            self.outcome = EntryOutcome(
-                self.position,
-                tag,
-                applied,
-                code,
-                message.message_id,
-                message.generation,
-                message.version,
-                txn if txn is not None else message.txn,
-                message.deliver_at_ms,
-                attempt_id,
-                evidence,
-                self.index,
-            )
+        message_id: str | None = None
+        generation: int | None = None
+        version: int | None = None
+        deliver_at_ms: int | None = None
+        if message is not None:
+            message_id = message.message_id
+            generation = message.generation
+            version = message.version
+            deliver_at_ms = message.deliver_at_ms
+            if txn is None:
+                txn = message.txn
+        self.outcome = EntryOutcome(
+            self.position,
+            tag,
+            applied,
+            code,
+            message_id,
+            generation,
+            version,
+            txn,
+            deliver_at_ms,
+            attempt_id,
+            evidence,
+            self.index,
+        )
 
     def finish(self) -> tuple[State, tuple[Effect, ...]]:
         effects: tuple[Effect, ...]

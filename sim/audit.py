@@ -46,7 +46,6 @@ from nereus.kernel.invariants import check as invariant_violations
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
 from nereus.kernel.records import (
-    CommandBatch,
     DeadLetterWritten,
     Evidence,
     Expire,
@@ -58,16 +57,13 @@ from nereus.kernel.records import (
     Reschedule,
     Schedule,
     Unknown,
-    record_type,
 )
-from nereus.kernel.reducer import HANDLERS, reduce
-from nereus.kernel.state import State
-from nereus.kernel.step import Step
 from nereus.replay.fold import obligations
 from nereus.replay.verify import first_difference
 from nereus.runtime.destination import DLQ_CONSUMER_GROUP, H_CONSUMER_GROUP, dead_letter_attempt_id
 from nereus.runtime.prepare import H_DLQ_ATTEMPTS_SPENT
 from nereus.sim.destination import Write
+from nereus.sim.ends import generation_ends
 from nereus.storage.memory import MemoryStore
 from nereus.storage.store import ShardStore
 
@@ -218,54 +214,76 @@ def _walk_log(
                     Code.SCHEDULED,
                     Code.RESCHEDULED,
                 ):
-                    deliver, expire = timing(record, entry.persisted_at_ms, config)
-                    mid = message_id(record.tenant, record.queue, record.timer_key)
-                    assert outcome.generation is not None
-                    if outcome.deliver_at_ms != deliver:
-                        a.fail(f"position {pos}: deliverAt {outcome.deliver_at_ms}, spec {deliver}")
-                    _check_v1_timing(
-                        pos, entry.persisted_at_ms, deliver, expire, config=config, a=a
-                    )
-                    a.gens[(mid, outcome.generation)] = Generation(
-                        mid, outcome.generation, deliver, expire, pos
-                    )
+                    _scheduled(record, outcome, entry, config, a)
                 case PublishAdmission() if outcome.code is Code.ADMITTED:
-                    gen = a.gens.get((record.message_id, record.generation))
-                    if gen is None:
-                        a.fail(f"position {pos}: Admission of a generation never scheduled")
-                        continue
-                    a.admitted[record.attempt_id] = (pos, record.message_id, record.generation)
-                    if true_ms < gen.deliver_at_ms:
-                        a.fail(
-                            f"attempt {record.attempt_id} admitted at true {true_ms} before "
-                            f"deliverAt {gen.deliver_at_ms}"
-                        )
-                    if true_ms >= gen.expire_at_ms:
-                        a.fail(f"attempt {record.attempt_id} admitted at/after expireAt")
-                    _check_admission_evidence(record, entry.persisted_at_ms, gen, a)
+                    _admitted(record, entry, true_ms, a)
                 case PublishOutcome():
                     _outcome(record, pos, a)
                 case DeadLetterWritten():
                     _copy_recorded(record, pos, a)
                 case Expire():
-                    gen = a.gens.get((record.message_id, record.generation))
-                    if gen is None:
-                        a.fail(f"position {pos}: expiry of a generation never scheduled")
-                        continue
-                    if true_ms < gen.expire_at_ms:
-                        a.fail(
-                            f"{record.message_id}.{record.generation} {outcome.code} at true "
-                            f"{true_ms} before expireAt {gen.expire_at_ms}"
-                        )
-                    if min(record.interval.earliest_ms, entry.persisted_at_ms) < gen.expire_at_ms:
-                        a.fail(
-                            f"position {pos}: {outcome.code} on evidence earliest "
-                            f"{record.interval.earliest_ms} / persisted {entry.persisted_at_ms} "
-                            f"before expireAt {gen.expire_at_ms}"
-                        )
-                    a.figures[f"expiry_{outcome.code}"] += 1
+                    _expired(record, outcome, entry, true_ms, a)
                 case _:
                     pass
+
+
+def _scheduled(
+    record: Schedule | Reschedule,
+    outcome: EntryOutcome,
+    entry: LogEntry,
+    config: KernelConfig,
+    a: Audit,
+) -> None:
+    """A new generation: its timing restated from the spec, and remembered."""
+    pos = entry.position
+    deliver, expire = timing(record, entry.persisted_at_ms, config)
+    mid = message_id(record.tenant, record.queue, record.timer_key)
+    assert outcome.generation is not None
+    if outcome.deliver_at_ms != deliver:
+        a.fail(f"position {pos}: deliverAt {outcome.deliver_at_ms}, spec {deliver}")
+    _check_v1_timing(pos, entry.persisted_at_ms, deliver, expire, config=config, a=a)
+    a.gens[(mid, outcome.generation)] = Generation(mid, outcome.generation, deliver, expire, pos)
+
+
+def _admitted(record: PublishAdmission, entry: LogEntry, true_ms: int, a: Audit) -> None:
+    """An applied Admission: in its generation's window by true time and by its evidence."""
+    pos = entry.position
+    gen = a.gens.get((record.message_id, record.generation))
+    if gen is None:
+        a.fail(f"position {pos}: Admission of a generation never scheduled")
+        return
+    a.admitted[record.attempt_id] = (pos, record.message_id, record.generation)
+    if true_ms < gen.deliver_at_ms:
+        a.fail(
+            f"attempt {record.attempt_id} admitted at true {true_ms} before "
+            f"deliverAt {gen.deliver_at_ms}"
+        )
+    if true_ms >= gen.expire_at_ms:
+        a.fail(f"attempt {record.attempt_id} admitted at/after expireAt")
+    _check_admission_evidence(record, entry.persisted_at_ms, gen, a)
+
+
+def _expired(
+    record: Expire, outcome: EntryOutcome, entry: LogEntry, true_ms: int, a: Audit
+) -> None:
+    """An applied expiry: never before expireAt, by true time nor by its evidence."""
+    pos = entry.position
+    gen = a.gens.get((record.message_id, record.generation))
+    if gen is None:
+        a.fail(f"position {pos}: expiry of a generation never scheduled")
+        return
+    if true_ms < gen.expire_at_ms:
+        a.fail(
+            f"{record.message_id}.{record.generation} {outcome.code} at true "
+            f"{true_ms} before expireAt {gen.expire_at_ms}"
+        )
+    if min(record.interval.earliest_ms, entry.persisted_at_ms) < gen.expire_at_ms:
+        a.fail(
+            f"position {pos}: {outcome.code} on evidence earliest "
+            f"{record.interval.earliest_ms} / persisted {entry.persisted_at_ms} "
+            f"before expireAt {gen.expire_at_ms}"
+        )
+    a.figures[f"expiry_{outcome.code}"] += 1
 
 
 def _check_v1_timing(
@@ -404,55 +422,6 @@ def _check_writes(writes: list[Write], a: Audit) -> None:
                         f"{earlier.attempt_id} was not UNKNOWN before {group[j].attempt_id} "
                         "was admitted"
                     )
-
-
-def generation_ends(
-    entries: list[LogEntry], config: KernelConfig
-) -> tuple[dict[tuple[str, int], Message], State]:
-    """Each generation's message row as it stood when it was superseded (by a reschedule,
-    an upsert, or a schedule after it ended), or its final row: a pure fold of the log with
-    the kernel alone, independent of storage."""
-    state = State.initial(config)
-    ends: dict[tuple[str, int], Message] = {}
-    for entry in entries:
-        record = entry.record
-        before: Message | None = None
-        if isinstance(record, CommandBatch):
-            found = _batch_ends(state, entry, record)
-            state, effects = reduce(state, entry)
-            if len(outcomes_of(record, effects)) == len(record.items):  # not refused whole
-                ends.update(found)
-            continue
-        if isinstance(record, Schedule | Reschedule):
-            mid = message_id(record.tenant, record.queue, record.timer_key)
-            before = state.message(mid.encode())
-        state, _ = reduce(state, entry)
-        if before is not None:
-            after = state.message(before.message_id.encode())
-            if after is not None and after.generation != before.generation:
-                ends[(before.message_id, before.generation)] = before
-    for _key, value in state.items(Table.MESSAGES):
-        assert isinstance(value, Message)
-        ends[(value.message_id, value.generation)] = value
-    return ends, state
-
-
-def _batch_ends(
-    state: State, entry: LogEntry, record: CommandBatch
-) -> dict[tuple[str, int], Message]:
-    """The rows a batch of commands supersedes, item by item as the reducer decides them
-    (two items of one batch may supersede each other), from a step of its own."""
-    ends: dict[tuple[str, int], Message] = {}
-    step = Step(state, entry)
-    for index, item in enumerate(record.items):
-        mid = message_id(item.tenant, item.queue, item.timer_key)
-        before = step.message(mid)
-        step.begin_item(index, record_type(item))
-        HANDLERS[type(item)](step, item)
-        after = step.message(mid)
-        if before is not None and after is not None and after.generation != before.generation:
-            ends[(before.message_id, before.generation)] = before
-    return ends
 
 
 def _check_generations(ends: dict[tuple[str, int], Message], writes: list[Write], a: Audit) -> None:

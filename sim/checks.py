@@ -5,13 +5,20 @@ The end-of-run audit (which needs the whole log) is `sim.audit`.
 
 from __future__ import annotations
 
+from collections import Counter
+
+from nereus.kernel.codes import Code
+from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.invariants import check as invariant_violations
 from nereus.kernel.keys import dead_letter_key, str_key
 from nereus.kernel.model import Attempt, AttemptStatus, Message, Status, Table
+from nereus.kernel.records import Appendable, Reschedule, Schedule
 from nereus.runtime.destination import H_TENANT, H_TIMER_KEY, Send, dead_letter_attempt_id
 from nereus.runtime.timer_key_header import decode_timer_key
 from nereus.storage.base import StoreView
 from nereus.storage.store import ShardStore
+
+_NEW_GENERATION = (Code.SCHEDULED, Code.RESCHEDULED)
 
 
 def send_problem(view: StoreView, send: Send) -> str | None:
@@ -56,3 +63,27 @@ def step_problems(store: ShardStore) -> list[str]:
     """The kernel invariants over the committed state (they walk every row)."""
     with store.state_view() as state:
         return [f"{v.invariant}: {v.detail}" for v in invariant_violations(state)]
+
+
+def arrival_problems(
+    items: list[Appendable],
+    outcomes: list[EntryOutcome],
+    submitted_ms: int,
+    stats: Counter[str],
+) -> list[str]:
+    """A relative schedule's deliverAt is never before the clock at its submission plus its
+    delay: its persistence time is read after it arrived."""
+    problems: list[str] = []
+    for (record, _payload), outcome in zip(items, outcomes, strict=True):
+        if outcome.code not in _NEW_GENERATION or outcome.deliver_at_ms is None:
+            continue
+        delay_ms = getattr(record, "delay_ms", None)
+        if not isinstance(record, Schedule | Reschedule) or delay_ms is None:
+            continue
+        stats["reach_deliver_at_after_arrival"] += 1
+        early_ms = submitted_ms + delay_ms - outcome.deliver_at_ms
+        if early_ms > 0:
+            problems.append(
+                f"{outcome.message_id}: deliverAt {early_ms} ms before submission + delay"
+            )
+    return problems

@@ -15,7 +15,8 @@ maybe arm a crash for this tick;
 tick (after a commit that admitted attempts the clock may step back, inside its bound, before
 the sends); maybe crash between ticks; collect replies; check the kernel invariants and the
 sends; advance true time (sometimes exactly to an edge: the interval's earliest end on due
-work's actionAt, or its latest or earliest end on a live timer's expireAt).
+work's actionAt, or its latest or earliest end on a live timer's expireAt). How the clock
+moves is `sim.weather`; the checks made at each step are `sim.checks`.
 
 After the steps the run settles: the clock is synchronised with a small bound, the
 destination stops failing, gates open and the shard is active, and time runs on until
@@ -31,16 +32,12 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Sequence
 
-from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.effects import Effect, EntryOutcome, Publish
-from nereus.kernel.keys import parse_timeline_key
-from nereus.kernel.model import Message, Status, Table
+from nereus.kernel.effects import Effect, EntryOutcome
+from nereus.kernel.model import Table
 from nereus.kernel.records import (
     Appendable,
     LaneGate,
-    Reschedule,
-    Schedule,
     ShardState,
     encode_entry,
 )
@@ -51,13 +48,14 @@ from nereus.runtime.errors import RuntimeHalted
 from nereus.runtime.intake import CommandFuture
 from nereus.runtime.shard import ShardRuntime
 from nereus.sim.audit import Observed, audit
-from nereus.sim.checks import step_problems
+from nereus.sim.checks import arrival_problems, step_problems
 from nereus.sim.client import Client
 from nereus.sim.clock import SimClock
 from nereus.sim.crash import CRASH_POINTS, Faults, SimCrash, SimLog
 from nereus.sim.destination import Broker, FaultProfile, SimDestination
+from nereus.sim.weather import Weather
 from nereus.storage.schema import StoreOptions
-from nereus.storage.store import Applied, ShardStore
+from nereus.storage.store import ShardStore
 
 T0_MS = 1_780_000_000_000
 # Short horizons and a small budget, so expiry, backoff and dead-lettering happen within a
@@ -74,7 +72,6 @@ KERNEL = KernelConfig(
     backoff_max_ms=1_600,
 )
 SETTLE_TICKS = 2_000
-_NEW_GENERATION = (Code.SCHEDULED, Code.RESCHEDULED)
 TRACE_LINES = 80
 
 
@@ -90,6 +87,27 @@ class SimFailure(AssertionError):
             + (f"last events:\n{tail}\n" if tail else "")
             + f"reproduce: {self.reproduce}"
         )
+
+
+def _runtime_config(rng: random.Random) -> RuntimeConfig:
+    """This seed's runtime limits, drawn after its weather."""
+    return RuntimeConfig(
+        owner="sim",
+        # Small per-tick budgets on some seeds, so a backlog builds up behind them.
+        max_admissions_per_tick=rng.choice((2, 8, 512)),
+        max_commands_per_tick=rng.choice((1, 4, 4096)),
+        lane_scan_limit=rng.choice((4, 256)),
+        # Few permits: claims queue behind sends waiting for acks or for the clock.
+        max_inflight_claims=rng.choice((1, 3, 4096)),
+        max_inflight_per_lane=rng.choice((1, 2, 1024)),
+        # Short deadlines expire claims while their sends wait (an admitted one must not).
+        claim_deadline_ms=rng.choice((20, 5_000)),
+        reconcile_interval_ms=2_000,
+        lane_unready_ms=500,
+        # Dead-letter copies whose write failed are written again soon, or much later.
+        dead_letter_backoff_base_ms=rng.choice((50, 500)),
+        dead_letter_backoff_max_ms=4_000,
+    )
 
 
 class World:
@@ -120,32 +138,22 @@ class World:
         # This seed's weather: how often each kind of trouble strikes.
         self.profile = FaultProfile.draw(rng, lies=edge_faults)
         self.crash_rate = rng.choice((0.0, 0.01, 0.03, 0.08))
-        self.clock_rate = rng.choice((0.01, 0.05, 0.15))
+        clock_rate = rng.choice((0.01, 0.05, 0.15))
         self.command_rate = rng.choice((0.1, 0.3, 0.6))
-        # How often the clock steps back between an Admission's commit and its send, and
-        # how often time is advanced to exactly an edge of the rules.
-        self.step_back_rate = rng.choice((0.0, 0.3, 0.8)) if edge_faults else 0.0
-        self.edge_rate = rng.choice((0.0, 0.15, 0.4)) if edge_faults else 0.0
+        self.weather = Weather(
+            rng,
+            self.clock,
+            self.stats,
+            self.trace,
+            edge_faults=edge_faults,
+            clock_rate=clock_rate,
+            step_back_rate=rng.choice((0.0, 0.3, 0.8)) if edge_faults else 0.0,
+            edge_rate=rng.choice((0.0, 0.15, 0.4)) if edge_faults else 0.0,
+        )
         # How often a client's commands arrive after the tick took its reading, and time
         # passes before the batch is sealed (as on a busy service).
         self.late_arrival_rate = rng.choice((0.0, 0.3, 0.8)) if edge_faults else 0.0
-        self.runtime_config = RuntimeConfig(
-            owner="sim",
-            # Small per-tick budgets on some seeds, so a backlog builds up behind them.
-            max_admissions_per_tick=rng.choice((2, 8, 512)),
-            max_commands_per_tick=rng.choice((1, 4, 4096)),
-            lane_scan_limit=rng.choice((4, 256)),
-            # Few permits: claims queue behind sends waiting for acks or for the clock.
-            max_inflight_claims=rng.choice((1, 3, 4096)),
-            max_inflight_per_lane=rng.choice((1, 2, 1024)),
-            # Short deadlines expire claims while their sends wait (an admitted one must not).
-            claim_deadline_ms=rng.choice((20, 5_000)),
-            reconcile_interval_ms=2_000,
-            lane_unready_ms=500,
-            # Dead-letter copies whose write failed are written again soon, or much later.
-            dead_letter_backoff_base_ms=rng.choice((50, 500)),
-            dead_letter_backoff_max_ms=4_000,
-        )
+        self.runtime_config = _runtime_config(rng)
         self.broker = Broker()
         self.faults = Faults(self.stats)
         self.committed_at: dict[int, int] = {}
@@ -154,7 +162,7 @@ class World:
         self.replies: dict[tuple[int, int], EntryOutcome] = {}
         self.client = Client(rng, KERNEL, self.stats)
         self.outstanding: list[tuple[list[Appendable], CommandFuture]] = []
-        # A submission's reported clock, and the clock's back steps then (`_check_arrival`).
+        # A submission's reported clock, and the clock's back steps then (`arrival_problems`).
         self.submitted: dict[CommandFuture, tuple[int, int]] = {}
         self.stamp_problems: list[str] = []
         self.path = os.path.join(root, "shard")
@@ -189,7 +197,7 @@ class World:
             live_effects=self.live_effects,
             reported_ms=self.clock.now_ms,
             stamp_problems=self.stamp_problems,
-            after_commit=self._after_commit,
+            after_commit=self.weather.after_commit,
         )
         self.runtime = ShardRuntime(
             self.store, self.destination, self.clock, config=self.runtime_config, shard_log=log
@@ -241,7 +249,7 @@ class World:
 
     def _step(self) -> None:
         rng = self.rng
-        self._disturb_clock()
+        self.weather.disturb()
         reading: ClockReading | None = None
         if rng.random() < self.command_rate:
             if self.late_arrival_rate and rng.random() < self.late_arrival_rate:
@@ -262,59 +270,7 @@ class World:
             self._restart(point)
         self._collect()
         self._check()
-        self._advance()
-
-    def _after_commit(self, results: list[Applied]) -> None:
-        """The window between a commit that admitted attempts and their sends: the clock may
-        step back inside its bound, often to 1 ms before the earliest admitted action time,
-        so the send gate must wait for a fresh proof."""
-        actions = [
-            e.action_at_ms for _, effects in results for e in effects if isinstance(e, Publish)
-        ]
-        if not actions or not self.clock.synchronized or not self.edge_faults:
-            return
-        if self.rng.random() >= self.step_back_rate:
-            return
-        target = min(actions) - 1 if self.rng.random() < 0.5 else None
-        jump = self.clock.step_back(target)
-        self.stats["clock_step_back_before_send"] += 1
-        if self.clock.interval().earliest_ms < min(actions):
-            self.stats["sends_held_by_step_back"] += 1
-        self.trace(f"clock step {jump} ms between the Admission commit and the send")
-
-    def _advance(self) -> None:
-        if self.edge_faults and self.rng.random() < self.edge_rate:
-            edges = self._edges()
-            if edges:
-                end, target_ms, name = self.rng.choice(edges)
-                landed = self.clock.land(end, target_ms)
-                if landed is not None:
-                    if landed:
-                        self.stats[name] += 1
-                        self.trace(f"clock {end} end landed on {target_ms} ({name})")
-                    return
-        self.clock.advance(self._dt())
-
-    def _edges(self) -> list[tuple[str, int, str]]:
-        """Instants the rules part at, within a few seconds: the timeline head's actionAt
-        (for the earliest end) and live timers' expireAt (for either end)."""
-        interval = self.clock.interval()
-        horizon_ms = interval.latest_ms + 6_000
-        edges: list[tuple[str, int, str]] = []
-        with self.store.read() as view:
-            head = view.first_timeline_key()
-            if head is not None:
-                action_at_ms = parse_timeline_key(head)[0]
-                if interval.earliest_ms <= action_at_ms <= horizon_ms:
-                    edges.append(("earliest", action_at_ms, "clock_landed_earliest_on_action_at"))
-            for _key, m in view.items(Table.MESSAGES):
-                if not isinstance(m, Message) or m.status is not Status.SCHEDULED:
-                    continue
-                if interval.latest_ms <= m.expire_at_ms <= horizon_ms:
-                    edges.append(("latest", m.expire_at_ms, "clock_landed_latest_on_expire_at"))
-                if interval.earliest_ms <= m.expire_at_ms <= horizon_ms:
-                    edges.append(("earliest", m.expire_at_ms, "clock_landed_earliest_on_expire_at"))
-        return edges
+        self.weather.advance(self.store)
 
     def _tick(self, reading: ClockReading | None = None) -> bool:
         """One runtime tick, with `reading` if one was taken before (else one taken now);
@@ -332,41 +288,6 @@ class World:
             self.faults.armed = None  # an armed point the tick never reached is disarmed
         return True
 
-    def _dt(self) -> int:
-        r = self.rng.random()
-        if r < 0.1:
-            return 0
-        if r < 0.55:
-            return self.rng.randint(1, 60)
-        if r < 0.95:
-            return self.rng.randint(60, 500)
-        return self.rng.randint(1_000, 6_000)
-
-    def _disturb_clock(self) -> None:
-        rng, clock = self.rng, self.clock
-        if not clock.synchronized:
-            if rng.random() < 0.1:
-                self.stats["clock_resync"] += 1
-                clock.resync()
-                self.trace("clock resynchronised")
-            return
-        if rng.random() >= self.clock_rate:
-            return
-        event = rng.choice(("step", "step", "grow", "lose_sync", "resync"))
-        self.stats[f"clock_{event}"] += 1
-        if event == "step":
-            jump = clock.step()
-            if jump < 0:
-                self.stats["clock_step_backwards"] += 1
-            self.trace(f"clock step {jump} ms (error {clock.error_ms})")
-        elif event == "grow":
-            clock.grow_error(rng.randint(1, 500))
-        elif event == "lose_sync":
-            clock.lose_sync()
-            self.trace("clock lost sync")
-        else:
-            clock.resync()
-
     def _collect(self) -> None:
         """Replies that came back; a reply is a durable fact the audit holds replay to."""
         waiting: list[tuple[list[Appendable], CommandFuture]] = []
@@ -381,31 +302,14 @@ class World:
                 continue  # the process died in that tick: the client heard nothing
             for outcome in outcomes:
                 self.replies[(outcome.position, outcome.index)] = outcome
-            self._check_arrival(items, outcomes, submitted)
-        self.outstanding = waiting
-
-    def _check_arrival(
-        self, items: list[Appendable], outcomes: list[EntryOutcome], submitted: tuple[int, int]
-    ) -> None:
-        """A relative schedule's deliverAt is never before the clock at its submission plus
-        its delay: its persistence time is read after it arrived. Judged only while the
-        reported clock has not gone back since the submission (a stepped-back host clock
-        moves every stamp, this rule's premise)."""
-        submitted_ms, back_steps = submitted
-        if self.clock.back_steps != back_steps:
-            return
-        for (record, _payload), outcome in zip(items, outcomes, strict=True):
-            if outcome.code not in _NEW_GENERATION or outcome.deliver_at_ms is None:
-                continue
-            delay_ms = getattr(record, "delay_ms", None)
-            if not isinstance(record, Schedule | Reschedule) or delay_ms is None:
-                continue
-            self.stats["reach_deliver_at_after_arrival"] += 1
-            early_ms = submitted_ms + delay_ms - outcome.deliver_at_ms
-            if early_ms > 0:
-                self.stamp_problems.append(
-                    f"{outcome.message_id}: deliverAt {early_ms} ms before submission + delay"
+            submitted_ms, back_steps = submitted
+            # Judged only while the reported clock has not gone back since the submission (a
+            # stepped-back host clock moves every stamp, the rule's premise).
+            if self.clock.back_steps == back_steps:
+                self.stamp_problems.extend(
+                    arrival_problems(items, outcomes, submitted_ms, self.stats)
                 )
+        self.outstanding = waiting
 
     def _check(self) -> None:
         problems = step_problems(self.store) + self.broker.problems + self.stamp_problems

@@ -25,10 +25,11 @@ PUBLISHED only ever comes with evidence from a delivery report (topic, partition
 timestamp; on a `LogAppendTime` topic the broker's persistence time) — in the transactional
 capability, only once the transaction committed.
 
-Size limits: `max_record_bytes(topic)` is the topic's `max.message.bytes` (read with
-AdminClient.describe_configs, cached for `limits_ttl_s`), capped by the producer's
-`message.max.bytes`, minus `FRAMING_RESERVE_BYTES` for the record batch header and the
-per-record and per-header varint framing that `PreparedPublish.size_bytes()` does not count.
+Size limits (`adapters.kafka.topic_limits`): `max_record_bytes(topic)` is the topic's
+`max.message.bytes` (read with AdminClient.describe_configs, cached for `limits_ttl_s`),
+capped by the producer's `message.max.bytes`, minus `FRAMING_RESERVE_BYTES` for the record
+batch header and the per-record and per-header varint framing that
+`PreparedPublish.size_bytes()` does not count.
 `submit` checks an upper bound of the encoded single-record batch against the same limit and
 answers NOT_PUBLISHED permanent without sending (sends that skipped the claim check, such as
 dead letters, cannot poison a batch). Records under the limit can still be refused together
@@ -45,19 +46,15 @@ only the new one would take its absence there for proof.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
 
 from nereus.adapters.kafka.evidence import EvidenceReader, SearchLimits
 from nereus.adapters.kafka.outcomes import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     FRAMING_RESERVE_BYTES,
     SIZE_CODES,
     classify_error,
@@ -65,6 +62,7 @@ from nereus.adapters.kafka.outcomes import (
     record_batch_upper_bytes,
     report_evidence,
 )
+from nereus.adapters.kafka.topic_limits import TopicLimits
 from nereus.adapters.kafka.txn import Outgoing, TransactionalSender, TxnSettings
 from nereus.adapters.tenant_topics import broker_topic, legacy_topic
 from nereus.kernel.keys import DEFAULT_TENANT
@@ -145,8 +143,7 @@ class KafkaDestination:
         self.log = logger or NullLogger()
         self._lock = threading.Lock()
         self._results: list[SendResult] = []
-        self._limits: dict[str, tuple[int | None, float]] = {}
-        self._admin: Any = None
+        self._limits = TopicLimits(config, self._common(), self.log)
         # Topic a tenant's queue is sent to now -> the one it had before topics were named
         # by tenant, where they differ (filled as topics are asked for: recovery asks for
         # an attempt's topic before it looks for it).
@@ -218,7 +215,7 @@ class KafkaDestination:
             self._producer_conf(),
             settings,
             deliver=self._deliver,
-            fits_alone=self._fits_alone,
+            fits_alone=self._limits.fits_alone,
             log=self.log,
         )
         reader = self._new_reader(sender.wait_fenced)
@@ -234,12 +231,6 @@ class KafkaDestination:
         if self.config.delivery == "transactional" and self._sender is None:
             self._start_transactions(f"nereus-dest.{store_id}")
 
-    def _admin_client(self) -> Any:
-        if self._admin is None:
-            conf = {**self._common(), "client.id": f"{self.config.name}-admin"}
-            self._admin = AdminClient(conf)
-        return self._admin
-
     def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
         topic = broker_topic(self.config.topics, tenant, queue)
         old = legacy_topic(self.config.topics, queue)
@@ -247,44 +238,8 @@ class KafkaDestination:
             self._legacy[topic] = old
         return topic
 
-    def _topic_limit(self, topic: str, *, fetch: bool = True) -> int | None:
-        """The topic's max.message.bytes, or None if it was never read (no such topic, or no
-        broker). With `fetch` False only the cache answers, whatever its age (for `submit`,
-        which must not block). A failed refresh keeps the last value read."""
-        now = time.monotonic()
-        cached = self._limits.get(topic)
-        if not fetch or (cached is not None and cached[1] > now):
-            return cached[0] if cached is not None else None
-        limit: int | None = None
-        try:
-            resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-            futures = self._admin_client().describe_configs([resource])
-            entries = futures[resource].result(timeout=self.config.admin_timeout_s)
-            entry = entries.get("max.message.bytes")
-            limit = int(entry.value) if entry is not None else DEFAULT_MAX_MESSAGE_BYTES
-        except (KafkaException, TimeoutError, ValueError) as exc:
-            self.log.warning("kafka_topic_limit_unread", topic=topic, error=str(exc))
-            if cached is not None:
-                limit = cached[0]
-        self._limits[topic] = (limit, now + self.config.limits_ttl_s)
-        return limit
-
-    def _effective_limit(self, topic: str, *, fetch: bool = True) -> int | None:
-        limit = self._topic_limit(topic, fetch=fetch)
-        return None if limit is None else min(limit, self.config.message_max_bytes)
-
-    def _fits_alone(self, topic: str, upper_bytes: int) -> bool:
-        """Whether a record this big fits the topic by itself (an unreadable limit: assume
-        it was the record that did not fit)."""
-        limit = self._effective_limit(topic)
-        return limit is not None and upper_bytes <= limit
-
     def max_record_bytes(self, topic: str) -> int:
-        limit = self._effective_limit(topic)
-        if limit is None:
-            # Unknown topic: let the claim pass; the send answers lane_unavailable.
-            limit = min(DEFAULT_MAX_MESSAGE_BYTES, self.config.message_max_bytes)
-        return limit - FRAMING_RESERVE_BYTES
+        return self._limits.max_record_bytes(topic)
 
     # Sending ------------------------------------------------------------------------------
 
@@ -299,7 +254,7 @@ class KafkaDestination:
         for send in sends:
             p = send.prepared
             upper = record_batch_upper_bytes(p.key, p.value, send.headers())
-            limit = self._effective_limit(p.topic, fetch=False)
+            limit = self._limits.effective(p.topic, fetch=False)
             if limit is not None and upper > limit:
                 detail = f"about {upper} bytes encoded > {limit} accepted by {p.topic}"
                 refused = NotPublished("permanent", "record_too_large", detail)
@@ -380,7 +335,7 @@ class KafkaDestination:
         fits = True
         if err.code() in SIZE_CODES:
             # Rare: may ask the broker.
-            fits = self._fits_alone(str(msg.topic()), item.upper)
+            fits = self._limits.fits_alone(str(msg.topic()), item.upper)
         outcome = classify_error(err, fits_alone=fits, disturbed=disturbed)
         if isinstance(outcome, Unknown):
             with self._lock:

@@ -53,7 +53,8 @@ from typing import Any
 import lmdb
 import msgspec
 
-from nereus.adapters.local.wake import UNWAKEABLE_POLL_S, Waker, notify
+from nereus.adapters.local.arrivals import Arrivals
+from nereus.adapters.local.wake import notify
 from nereus.adapters.tenant_topics import local_topic, split_local_topic
 from nereus.kernel.keys import DEFAULT_TENANT
 from nereus.kernel.records import IMMEDIATE, Capability, Evidence, NotPublished, Published
@@ -143,14 +144,8 @@ class LocalDestination:
         except lmdb.Error as exc:
             raise StoreError(path, f"cannot open the local destination: {exc}") from exc
         self._results: list[SendResult] = []
-        # Notified after every committed batch of sends, for consumers waiting in `wait_for`.
-        self._arrived = threading.Condition()
-        # True once a runtime sends through this instance: then every record of the
-        # directory is written by this process and wakes its consumers itself.
-        self._writer = False
-        # The FIFOs of this instance's waits on another process's sends (`wake` pokes them).
-        self._wakers: set[Waker] = set()
-        self._closed = False
+        # Consumers waiting in `wait_for`, woken after every committed batch of sends.
+        self._arrivals = Arrivals(path, self)
         # The directory's lock while this instance is its writer, and the fence it makes.
         self._lock: DirectoryLock | None = None
         self._fence: Fence | None = None
@@ -161,7 +156,9 @@ class LocalDestination:
         """Become the directory's writer: take its lock (`StoreLocked` if another writer
         holds it) and fence every earlier one."""
         self._take_lock()
-        self._writer = True
+        # Every record of the directory is now written by this process: its consumers are
+        # woken by its sends, without a FIFO.
+        self._arrivals.writer = True
 
     def _take_lock(self) -> None:
         if self._lock is not None:
@@ -224,24 +221,7 @@ class LocalDestination:
                     if offset is None:
                         raw = txn.get(p.topic.encode(), db=self._offsets)
                         offset = 0 if raw is None else int.from_bytes(raw, "big")
-                    tenant, queue, timer_key = _names(send)
-                    record = LocalRecord(
-                        queue=queue,
-                        offset=offset,
-                        partition=p.key.decode() if p.key is not None else None,
-                        message_id=p.message_id,
-                        generation=p.generation,
-                        attempt_id=send.attempt_id,
-                        txn=p.txn,
-                        deliver_at_ms=p.deliver_at_ms,
-                        delivered_at_ms=now_ms,
-                        headers=[(k, v.decode(errors="replace")) for k, v in send.headers()],
-                        payload=p.value,
-                        producer_sub=p.producer_sub,
-                        encrypted=p.encrypted,
-                        tenant=tenant,
-                        timer_key=timer_key,
-                    )
+                    record = _record(send, offset, now_ms)
                     txn.put(_record_key(p.topic, offset), encode_value(record), db=self._records)
                     txn.put(
                         send.attempt_id.encode(),
@@ -344,70 +324,14 @@ class LocalDestination:
     def wake(self) -> None:
         """Wake every consumer of this instance waiting in `wait_for` (new records, or a
         consumer closing)."""
-        with self._arrived:
-            self._arrived.notify_all()
-            for waker in self._wakers:
-                waker.wake()
+        self._arrivals.wake()
 
     def wait_for(
         self, topic: str, offset: int, timeout_s: float | None, stop: Callable[[], bool]
     ) -> bool:
         """Block until `topic` holds a record at `offset` (True), `timeout_s` passed or
-        `stop()` says so (False). Sends of this process wake the wait through a condition;
-        a process that does not write here waits on a FIFO the writer's sends wake
-        (`adapters.local.wake`)."""
-        if self._writer:
-            return self._wait_here(topic, offset, timeout_s, stop)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        try:
-            waker = Waker(self.path)
-        except OSError:
-            # No FIFO here (a reader without write permission on the directory, a file
-            # system without FIFOs): look every UNWAKEABLE_POLL_S instead.
-            return self._wait_here(topic, offset, timeout_s, stop, UNWAKEABLE_POLL_S)
-        with self._arrived:
-            self._wakers.add(waker)
-        try:
-            while True:
-                waker.drain()
-                with self._arrived:
-                    # `close` takes this lock too: the environment is open while it is held.
-                    if stop() or self._closed:
-                        return False
-                    if self.end_offset(topic) > offset:
-                        return True
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                waker.wait(left)
-        finally:
-            with self._arrived:
-                self._wakers.discard(waker)
-            waker.close()
-
-    def _wait_here(
-        self,
-        topic: str,
-        offset: int,
-        timeout_s: float | None,
-        stop: Callable[[], bool],
-        poll_s: float | None = None,
-    ) -> bool:
-        """Wait on the condition this process's sends notify (and look every `poll_s`)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._arrived:
-            while True:
-                # `close` takes this lock too: the environment is open while it is held.
-                if stop() or self._closed:
-                    return False
-                if self.end_offset(topic) > offset:
-                    return True
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                if poll_s is not None:
-                    left = poll_s if left is None else min(left, poll_s)
-                self._arrived.wait(left)
+        `stop()` says so (False); see `adapters.local.arrivals`."""
+        return self._arrivals.wait_for(topic, offset, timeout_s, stop)
 
     def topics(self) -> list[str]:
         """Every topic that ever held a record, in byte order."""
@@ -427,14 +351,32 @@ class LocalDestination:
             txn.put(_position_key(group, topic), offset.to_bytes(8, "big"), db=self._positions)
 
     def close(self) -> None:
-        with self._arrived:
-            self._closed = True
-            self._arrived.notify_all()
-            for waker in self._wakers:
-                waker.wake()
-            self._env.close()
+        self._arrivals.close(self._env.close)
         if self._lock is not None:
             self._lock.release()  # last: nothing of the directory is open any more
+
+
+def _record(send: Send, offset: int, now_ms: int) -> LocalRecord:
+    """The record a send writes at `offset` of its topic, delivered at `now_ms`."""
+    p = send.prepared
+    tenant, queue, timer_key = _names(send)
+    return LocalRecord(
+        queue=queue,
+        offset=offset,
+        partition=p.key.decode() if p.key is not None else None,
+        message_id=p.message_id,
+        generation=p.generation,
+        attempt_id=send.attempt_id,
+        txn=p.txn,
+        deliver_at_ms=p.deliver_at_ms,
+        delivered_at_ms=now_ms,
+        headers=[(k, v.decode(errors="replace")) for k, v in send.headers()],
+        payload=p.value,
+        producer_sub=p.producer_sub,
+        encrypted=p.encrypted,
+        tenant=tenant,
+        timer_key=timer_key,
+    )
 
 
 def _names(send: Send) -> tuple[str, str, str | None]:

@@ -13,10 +13,11 @@ as message properties (message id, generation, attempt id, txn, producer). Two c
   bound plus the broker's early-reveal allowance), so the broker holds it. The rules of when
   a target may offer it, and when a timer pinned to it may still be sent, are in
   `adapters.pulsar.handoff`; the broker's settings behind them are read through its admin
-  API at `open` and again every `settings_ttl_s`, in the background. Until a topic's
-  settings have been read (or after they stopped certifying the handoff) its queue gets
-  ordinary managed delivery. Pulsar delays only for Shared and Key_Shared subscriptions: a
-  consumer on an Exclusive or Failover subscription sees a handed-off message at once.
+  API at `open` and again every `settings_ttl_s`, in the background
+  (`adapters.pulsar.offers`). Until a topic's settings have been read (or after they stopped
+  certifying the handoff) its queue gets ordinary managed delivery. Pulsar delays only for
+  Shared and Key_Shared subscriptions: a consumer on an Exclusive or Failover subscription
+  sees a handed-off message at once.
 
 `submit` never blocks: the sends go to the destination's sender thread, which makes the
 producers and calls `send_async`. A topic gets two producers, each with its own name and so
@@ -48,17 +49,11 @@ from typing import Any
 
 import pulsar
 
-from nereus.adapters.pulsar.admin import AdminError, BrokerSettings, PulsarAdmin
+from nereus.adapters.pulsar.admin import PulsarAdmin
 from nereus.adapters.pulsar.config import PulsarTargetConfig, secret
 from nereus.adapters.pulsar.evidence import PulsarEvidenceReader, SearchLimits
-from nereus.adapters.pulsar.handoff import (
-    DelaySettings,
-    Refusal,
-    accepts,
-    capability_or_managed,
-    handoff_capability,
-    reveal_at_ms,
-)
+from nereus.adapters.pulsar.handoff import reveal_at_ms
+from nereus.adapters.pulsar.offers import TopicOffers
 from nereus.adapters.pulsar.outcomes import (
     classify_create_error,
     classify_raised,
@@ -135,10 +130,7 @@ class PulsarDestination:
             tls_allow_insecure_connection=config.tls_allow_insecure,
             logger=client_log,
         )
-        self._admin = self._make_admin()
-        self._broker: BrokerSettings | None = None
-        self._settings: dict[str, DelaySettings] = {}
-        self._wanted_topics: set[str] = set(config.topic_for(q) for q in config.topics)
+        self._offers = TopicOffers(config, self._kernel, self.log, self._make_admin())
         # (topic, handoff) -> producer; a topic keeps its index for both of its producers.
         self._producers: dict[tuple[str, bool], Any] = {}
         self._topic_index: dict[str, int] = {}
@@ -148,7 +140,6 @@ class PulsarDestination:
         self._sender = threading.Thread(
             target=self._send_loop, name=f"{self.name}-send", daemon=True
         )
-        self._settings_thread: threading.Thread | None = None
         limits = SearchLimits(
             config.find_slack_ms, config.find_max_records, config.find_max_seconds
         )
@@ -188,109 +179,25 @@ class PulsarDestination:
     def open(self, store_id: str) -> None:
         """Name the producers after the store, read the broker's settings, start sending."""
         self._prefix = f"{self.config.producer_name_prefix or 'nereus'}.{store_id}"
-        self.refresh_settings()
+        self._offers.refresh()
         self._sender.start()
-        if self._admin is not None:
-            self._settings_thread = threading.Thread(
-                target=self._refresh_loop, name=f"{self.name}-settings", daemon=True
-            )
-            self._settings_thread.start()
+        self._offers.start(self._stop)
 
     def refresh_settings(self) -> None:
         """Read the broker's settings and those of every topic seen so far (blocking)."""
-        if self._admin is None:
-            return
-        try:
-            broker = self._admin.broker()
-        except AdminError as exc:
-            self.log.warning("pulsar_settings_unread", target=self.name, error=str(exc))
-            return
-        self._broker = broker
-        with self._lock:
-            topics = sorted(self._wanted_topics)
-        for topic in topics:
-            try:
-                settings = self._admin.delay_settings(topic, broker)
-                dedup = self._admin.deduplication(topic, broker)
-            except AdminError as exc:
-                # What was read before still stands: settings are an operator's, and rare to
-                # change; a topic never read offers no handoff.
-                self.log.warning("pulsar_settings_unread", topic=topic, error=str(exc))
-                continue
-            with self._lock:
-                changed = self._settings.get(topic) != settings
-                self._settings[topic] = settings
-            if changed:
-                self._log_capability(topic, settings, dedup)
-
-    def _log_capability(self, topic: str, settings: DelaySettings, dedup: bool) -> None:
-        offered = self._handoff(settings)
-        fields: dict[str, Any] = {"target": self.name, "topic": topic, "settings": settings.source}
-        if not dedup:
-            self.log.warning(
-                "pulsar_deduplication_off",
-                detail="a record the client resends after a reconnect may be written twice "
-                "under one PUBLISHED outcome (both copies carry the attempt id)",
-                **fields,
-            )
-        if self.config.delivery != "handoff":
-            return
-        if isinstance(offered, Refusal):
-            self.log.warning("pulsar_handoff_refused", reason=offered.reason, **fields)
-        else:
-            self.log.info(
-                "pulsar_handoff",
-                lead_ms=offered.lead_ms,
-                push_ms=offered.clock_ahead_bound_ms,
-                strict=settings.strict,
-                tick_ms=settings.tick_ms,
-                **fields,
-            )
-
-    def _refresh_loop(self) -> None:
-        while not self._stop.wait(self.config.settings_ttl_s):
-            self.refresh_settings()
-
-    def _handoff(self, settings: DelaySettings | None) -> Capability | Refusal:
-        c = self.config
-        if c.delivery != "handoff":
-            return Refusal("the target is configured for ordinary managed delivery")
-        return handoff_capability(
-            c.handoff_lead_ms,
-            c.clock_ahead_bound_ms,
-            settings,
-            slack_ms=c.max_delay_slack_ms,
-            max_push_ms=self._kernel.max_clock_ahead_bound_ms,
-            max_lead_ms=self._kernel.max_handoff_lead_ms,
-        )
-
-    def _topic_settings(self, topic: str) -> DelaySettings | None:
-        with self._lock:
-            settings = self._settings.get(topic)
-            if settings is None:
-                self._wanted_topics.add(topic)  # read by the next refresh
-        return settings
+        self._offers.refresh()
 
     def capability_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> Capability:
-        if self.config.delivery != "handoff":
-            return IMMEDIATE
-        topic = self.topic_for(queue, tenant=tenant)
-        return capability_or_managed(self._handoff(self._topic_settings(topic)))
+        return self._offers.capability_for(self.topic_for(queue, tenant=tenant))
 
     def accepts(self, queue: str, capability: Capability, *, tenant: str = DEFAULT_TENANT) -> bool:
-        settings = self._topic_settings(self.topic_for(queue, tenant=tenant))
-        return accepts(
-            capability,
-            self.config.clock_ahead_bound_ms,
-            settings,
-            slack_ms=self.config.max_delay_slack_ms,
-        )
+        return self._offers.accepts(self.topic_for(queue, tenant=tenant), capability)
 
     def topic_for(self, queue: str, *, tenant: str = DEFAULT_TENANT) -> str:
         return self.config.topic_for(queue, tenant=tenant)
 
     def max_record_bytes(self, topic: str) -> int:
-        broker = self._broker
+        broker = self._offers.broker
         limit = broker.max_message_bytes if broker is not None else None
         return (limit or self.config.default_max_message_bytes) - FRAMING_RESERVE_BYTES
 

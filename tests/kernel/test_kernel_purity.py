@@ -25,6 +25,7 @@ KERNEL_MODULES = frozenset(
         "config.py",
         "digest.py",
         "effects.py",
+        "failure.py",
         "invariants.py",
         "keys.py",
         "model.py",

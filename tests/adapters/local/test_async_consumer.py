@@ -382,10 +382,10 @@ def test_a_waiter_that_cannot_make_its_fifo_looks_instead(
     def refused(_path: str) -> None:
         raise PermissionError(13, "Permission denied")
 
-    from nereus.adapters.local import async_consumer, destination  # noqa: PLC0415
+    from nereus.adapters.local import arrivals, async_consumer  # noqa: PLC0415
 
     monkeypatch.setattr(async_consumer, "Waker", refused)
-    monkeypatch.setattr(destination, "Waker", refused)
+    monkeypatch.setattr(arrivals, "Waker", refused)
     fill(tmp_path, "q", 0)
     writer = writer_process(tmp_path, 2, 0.5)
     try:
