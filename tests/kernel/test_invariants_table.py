@@ -7,7 +7,7 @@ import msgspec
 
 from nereus import kernel as k
 from nereus.kernel import invariants
-from tests.builders import T0_MS, Shard, mid, schedule
+from tests.support.builders import T0_MS, Shard, mid, schedule
 
 IDS = [f"INV-{n:02d}" for n in range(1, 14)]
 
