@@ -28,6 +28,7 @@ from typing import Protocol
 from nereus.kernel.records import Appendable, LogEntry
 from nereus.runtime.metrics import Metrics
 from nereus.storage.claims import ClaimWriter
+from nereus.storage.errors import StoreError
 from nereus.storage.store import Applied, ShardStore
 
 
@@ -98,6 +99,15 @@ class EmbeddedLog:
     accepts_commands = True
 
     def __init__(self, store: ShardStore, metrics: Metrics | None = None) -> None:
+        source = store.source
+        if source is not None:
+            # Its positions are the topic's: an entry appended here would be a second history
+            # at the same positions, and the store could no longer follow its partition.
+            raise StoreError(
+                store.path,
+                f"follows the Kafka shard log {source.topic}[{source.partition}]; an embedded "
+                "shard log cannot append to it",
+            )
         self.store = store
         self.metrics = metrics
         if metrics is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.clock import SimulatedClock, SystemClock
 from nereus.adapters.kafka.config import KafkaServiceConfig
 from nereus.adapters.kafka.rpc import CommandRpc, Waiter, _outcomes
 from nereus.adapters.kafka.wire import (
@@ -44,6 +44,7 @@ from nereus.runtime.metrics import Metrics, ScopedMetrics, drop_series
 from nereus.runtime.shard import ShardRuntime
 from nereus.runtime.shardlog import EmbeddedLog
 from nereus.service.arguments import schedule_record
+from nereus.storage.errors import StoreError
 from nereus.storage.request import FoldRequest
 from nereus.storage.schema import LogSource
 from nereus.storage.store import ShardStore
@@ -108,6 +109,26 @@ def test_apply_writes_the_source_offset_and_payloads_with_the_fold(tmp_path: Pat
         assert store.meta.position == 2
         assert store.payload(hashlib.sha256(payload).hexdigest()) == payload
         assert list(store.iter_log()) == entries
+
+
+def test_a_store_that_follows_a_topic_refuses_an_embedded_log(tmp_path: Path) -> None:
+    """The reverse of a Kafka log refusing an embedded store: a store folded from a partition
+    takes no embedded appends, which would give its positions a second history."""
+    path = str(tmp_path / "shard")
+    record, payload = schedule_record("q", "k", b"payload", delay_ms=1000, txn="t")
+    with ShardStore.open(path, shard_id="kafka:cmd:0") as store:
+        store.apply(
+            [LogEntry(1, T0_MS, record)],
+            FoldRequest(source=LogSource("kafka", "cmd", 0, 7), payloads={1: payload}),
+        )
+    with ShardStore.open(path, shard_id="kafka:cmd:0", create=False) as store:
+        with pytest.raises(StoreError, match=r"follows the Kafka shard log cmd\[0\]"):
+            EmbeddedLog(store)
+        dest = LocalDestination(str(tmp_path / "dest"))
+        with pytest.raises(StoreError, match="cannot append"):
+            ShardRuntime(store, dest, SystemClock(assumed_error_ms=1.0))
+        dest.close()
+        assert store.log_last_position == 1  # nothing was appended
 
 
 def test_the_default_shard_log_is_embedded(tmp_path: Path) -> None:
