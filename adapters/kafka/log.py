@@ -354,6 +354,11 @@ class KafkaLog:
         owner's copy of the fold is durable, and a crash in between only repeats it (a
         restarted owner folds the same entries again and answers again; a reply nobody
         waits for is ignored). The other order could lose replies."""
+        if any(payload is not None for _record, payload in items):
+            # Commands, with their bytes, reach this log through the commands topic (the
+            # RPC); the runtime hands it only its own records. Refused before anything is
+            # taken for writing, whatever `python -O` does to the writer's assert.
+            raise TypeError("the Kafka shard log takes no payload bytes with the runtime's records")
         started = time.perf_counter()
         if not self._buffer:
             self._fill(0)

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 
 from nereus.adapters.clock import SystemClock
@@ -39,7 +40,7 @@ from nereus.adapters.kafka.log_read import FROM_MEMORY
 from nereus.adapters.kafka.service import KafkaService, KafkaServiceConfig
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import AttemptStatus
-from nereus.kernel.records import PublishAdmission, members
+from nereus.kernel.records import PublishAdmission, ShardState, members
 from nereus.service.arguments import schedule_record
 from nereus.storage.store import ShardStore
 from tests.support import kafka_env
@@ -57,6 +58,7 @@ from tests.support.kafka_cluster import (
 )
 from tests.support.kafka_env import create_topic, unique_topic
 from tests.support.seeds import seed_from_env
+from tests.support.shardlogs import KafkaKit, no_rows, now_ms
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
@@ -435,3 +437,20 @@ def test_sigkill_mid_fire_then_restart_loses_nothing(kafka_bootstrap: str, tmp_p
         f"{len(handed_over)} attempts of the killed "
         f"owner resolved by others ({unknown} recorded UNKNOWN)"
     )
+
+
+def test_the_kafka_log_refuses_payload_bytes_before_writing_anything(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """Kafka mode's log takes only the runtime's own records: one handed payload bytes is
+    refused with TypeError before anything is written, and the log goes on as before."""
+    kit = KafkaKit(tmp_path, kafka_bootstrap)
+    try:
+        owner = kit.owner()
+        with pytest.raises(TypeError, match="payload bytes"):
+            owner.log.commit([(ShardState("PAUSED", "refused"), b"bytes")], now_ms(), no_rows)
+        owner.commit((ShardState("PAUSED", "after"), None))
+        owner.drive_to(1)
+        assert [entry.record for entry, _effects in owner.folded] == [ShardState("PAUSED", "after")]
+    finally:
+        kit.close()
