@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from nereus.kernel.config import KernelConfig
 from nereus.kernel.model import ShardMeta
@@ -36,10 +37,7 @@ def read_view(env: Env) -> Iterator[StoreView]:
 def state_view(env: Env, config: KernelConfig) -> Iterator[State]:
     """The applied state as a kernel State over a read snapshot."""
     with lmdb_refusal(env.data_file), env.env.begin() as txn:
-        meta = decode_struct(
-            ShardMeta, txn.get(SHARD_META_KEY, db=env.meta), env.data_file, "shard meta"
-        )
-        yield State(config, meta, LmdbBase(txn, env.tables, env.data_file))
+        yield _state(env, config, txn)
 
 
 @contextmanager
@@ -48,12 +46,19 @@ def folded_state(env: Env, config: KernelConfig) -> Iterator[State | None]:
     import's tail, appended and not yet applied): a verdict read from that state could miss
     a schedule the log already holds."""
     with lmdb_refusal(env.data_file), env.env.begin() as txn:
-        meta = decode_struct(
-            ShardMeta, txn.get(SHARD_META_KEY, db=env.meta), env.data_file, "shard meta"
-        )
+        state = _state(env, config, txn)
         with txn.cursor(db=env.log) as cursor:
-            unfolded = cursor.last() and key_position(cursor.key()) != meta.position
-        yield None if unfolded else State(config, meta, LmdbBase(txn, env.tables, env.data_file))
+            unfolded = cursor.last() and key_position(cursor.key()) != state.meta.position
+        yield None if unfolded else state
+
+
+def _state(env: Env, config: KernelConfig, txn: Any) -> State:
+    # The meta is read in the snapshot, never the store's in-memory copy, which a concurrent
+    # commit may move.
+    meta = decode_struct(
+        ShardMeta, txn.get(SHARD_META_KEY, db=env.meta), env.data_file, "shard meta"
+    )
+    return State(config, meta, LmdbBase(txn, env.tables, env.data_file))
 
 
 def payload(env: Env, digest: str) -> bytes | None:
