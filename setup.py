@@ -7,6 +7,12 @@ behave as the Python ones do, and check their annotations at run time as well.
 `NEREUS_PURE_PYTHON=1` at install time skips compilation, as does a machine without a C
 compiler or Python's headers (with a one-line notice); `runtime.compiled` reports which
 modules run compiled and refuses extensions older than their source.
+
+The Rust crate in `native/` (PyO3) is built beside them as `nereus._rust` by setuptools-rust,
+the PyO3 project's setuptools plugin: it keeps this one setuptools build (maturin would be a
+second build backend, without mypyc). Without cargo, or when the crate fails to build, the
+install goes on without it and says so in one line; `kernel.native` then runs the Python
+references of its functions.
 """
 
 from __future__ import annotations
@@ -141,4 +147,37 @@ def ext_modules() -> list[Extension]:
     return [Extension("nereus._native__mypyc", sources=[])]
 
 
-setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})
+def _no_native(why: str) -> None:
+    print(f"nereus: {why}; installing without the Rust module", file=sys.stderr)
+
+
+def rust_extensions() -> list[Any]:
+    if os.environ.get("NEREUS_PURE_PYTHON"):
+        return []
+    if shutil.which("cargo") is None:
+        _no_native("no Rust toolchain (cargo)")
+        return []
+    try:
+        from setuptools_rust import Binding, RustExtension  # noqa: PLC0415
+    except ImportError:
+        _no_native("setuptools-rust is not installed")
+        return []
+    return [
+        RustExtension(
+            "nereus._rust",
+            path="native/Cargo.toml",
+            binding=Binding.PyO3,
+            # A failed crate build leaves the Python references, as a failed C build does.
+            optional=True,
+            py_limited_api=False,
+            # An editable install would otherwise build it unoptimised.
+            debug=False,
+        )
+    ]
+
+
+setup(
+    ext_modules=ext_modules(),
+    rust_extensions=rust_extensions(),
+    cmdclass={"build_ext": BuildExt},
+)

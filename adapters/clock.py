@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from nereus.kernel.timing import UNBOUNDED, TrustedInterval
 from nereus.runtime.clock import ClockStatus
@@ -71,15 +72,23 @@ class SyncReport:
     max_error_us: int
 
 
-def read_adjtimex() -> SyncReport | None:
-    """The host's synchronisation report, or None where adjtimex is unavailable."""
+@functools.cache
+def _adjtimex() -> Any:
+    """libc's adjtimex, found once per process: `find_library` runs `ldconfig -p` in a
+    child process (~2 ms), and the clock is sampled every second under its lock."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
-        fn = libc.adjtimex
+        return ctypes.CDLL(name, use_errno=True).adjtimex
     except (OSError, AttributeError):
+        return None
+
+
+def read_adjtimex() -> SyncReport | None:
+    """The host's synchronisation report, or None where adjtimex is unavailable."""
+    fn = _adjtimex()
+    if fn is None:
         return None
     tx = _Timex()
     if fn(ctypes.byref(tx)) < 0:

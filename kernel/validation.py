@@ -8,10 +8,9 @@ never from a clock reading, so replay recomputes identical absolute times.
 
 from __future__ import annotations
 
-import hashlib
-
 from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
+from nereus.kernel.native import sha256_hex
 from nereus.kernel.records import Capability, Schedule
 from nereus.kernel.timing import MAX_INSTANT_MS
 
@@ -49,10 +48,7 @@ def check_payload(digest: str, size: int, config: KernelConfig) -> Code | None:
 
 def payload_matches(record: Schedule, payload: bytes) -> bool:
     """Whether `payload` is the bytes the schedule names (size, then SHA-256)."""
-    return (
-        len(payload) == record.payload_size
-        and hashlib.sha256(payload).hexdigest() == record.payload_digest
-    )
+    return len(payload) == record.payload_size and sha256_hex(payload) == record.payload_digest
 
 
 def check_headers(headers: tuple[tuple[str, str], ...], config: KernelConfig) -> Code | None:

@@ -27,6 +27,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kernel", "storage", "runtime")
+NATIVE = "nereus._rust"
 
 
 class StaleBuild(RuntimeError):
@@ -53,15 +54,34 @@ def stale(directories: list[Path] | None = None) -> list[str]:
     """Sources changed after their extension was built, as readable lines. By default, only
     in a source checkout (setup.py beside the packages): an installed wheel writes its files
     in no particular order, and nobody edits them."""
+    native: list[str] = []
     if directories is None:
         if not (ROOT / "setup.py").exists():
             return []
         directories = _dirs()
+        native = _stale_native()
     lines = []
     for source, ext in sorted(extensions(directories).items()):
         if source.stat().st_mtime > ext.stat().st_mtime:
             lines.append(f"{source} is newer than its compiled module {ext.name}")
-    return lines
+    return lines + native
+
+
+def _stale_native() -> list[str]:
+    """The Rust module (`nereus._rust`) built before a change to its crate, in a checkout."""
+    crate = ROOT / "native"
+    built = [
+        path
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        for path in (ROOT / "nereus").glob(f"_rust{suffix}")
+    ]
+    if not built or not crate.is_dir():
+        return []
+    sources = [crate / "Cargo.toml", *sorted((crate / "src").glob("*.rs"))]
+    newest = max(sources, key=lambda path: path.stat().st_mtime)
+    if newest.stat().st_mtime > built[0].stat().st_mtime:
+        return [f"{newest} is newer than its compiled module {built[0].name}"]
+    return []
 
 
 def check(directories: list[Path] | None = None) -> None:
@@ -94,9 +114,13 @@ def describe() -> str:
     """Which build of the kernel this process runs, in a few words (report headers). Imports
     the reducer if nothing has yet, so call it after `prefer_source()` had its chance."""
     import nereus.kernel.reducer  # noqa: F401, PLC0415  (lazily: prefer_source() runs first)
+    from nereus.kernel import native  # noqa: PLC0415  (as above)
 
     count = len(compiled_modules())
-    return f"{count} modules compiled (mypyc)" if count else "Python source"
+    parts = [f"{count} modules compiled (mypyc)"] if count else []
+    if native.BUILD is not None:
+        parts.append(native.BUILD)
+    return ", ".join(parts) or "Python source"
 
 
 def _package_of(module_name: str) -> str:
@@ -109,6 +133,9 @@ class _SourceFirst(MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
+        if fullname == NATIVE:
+            # The source build runs the Python references of the Rust twins (kernel.native).
+            raise ImportError(f"{NATIVE} is not imported by the source build", name=fullname)
         package = _package_of(fullname)
         name = fullname.rpartition(".")[2]
         if package not in PACKAGES or fullname.count(".") != 2:
@@ -122,6 +149,8 @@ class _SourceFirst(MetaPathFinder):
 def _imported_compiled() -> list[str]:
     """Modules that have a compiled build and are imported already (from either build)."""
     names = {f"nereus.{source.parent.name}.{source.stem}" for source in extensions()}
+    # kernel.native chooses its build when first imported.
+    names.add("nereus.kernel.native")
     return sorted(names & sys.modules.keys())
 
 

@@ -19,7 +19,6 @@ it itself). Without a fence, not finding a record proves nothing.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast, runtime_checkable
@@ -27,6 +26,7 @@ from typing import Protocol, cast, runtime_checkable
 import msgspec
 
 from nereus.kernel.keys import attempt_prefix
+from nereus.kernel.native import sha256_hex
 from nereus.kernel.records import (
     IMMEDIATE,
     AbsenceProof,
@@ -94,11 +94,15 @@ class PreparedPublish(msgspec.Struct, frozen=True, omit_defaults=True):
     capability: Capability = IMMEDIATE
 
     def descriptor_hash(self) -> str:
-        return hashlib.sha256(msgspec.msgpack.encode(self)).hexdigest()
+        return sha256_hex(msgspec.msgpack.encode(self))
 
     def size_bytes(self) -> int:
-        headers = sum(len(k) + len(v) for k, v in self.headers)
-        return len(self.value) + len(self.key or b"") + headers
+        # A loop, not sum() over a generator: this module is not compiled (a Struct lives
+        # here), and a fire asks three times.
+        size = len(self.value) + len(self.key or b"")
+        for name, value in self.headers:
+            size += len(name) + len(value)
+        return size
 
 
 class Send(msgspec.Struct, frozen=True):

@@ -18,12 +18,12 @@ dead-letter topic is written without its payload (and says so) rather than never
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import msgspec
 
 from nereus.kernel.model import DeadLetterPending, Message
+from nereus.kernel.native import sha256_hex
 from nereus.kernel.records import IMMEDIATE, Capability
 from nereus.runtime.destination import (
     DLQ_CONSUMER_GROUP,
@@ -62,7 +62,7 @@ def prepare(
         return PrepareFailure(
             "payload_size_mismatch", f"{len(payload)} bytes, expected {message.payload_size}"
         )
-    if hashlib.sha256(payload).hexdigest() != message.payload_digest:
+    if sha256_hex(payload) != message.payload_digest:
         return PrepareFailure("payload_checksum_mismatch", "payload bytes do not match digest")
     headers: list[tuple[str, bytes]] = [(k, v.encode()) for k, v in message.headers]
     headers += [

@@ -25,13 +25,13 @@ so a parameter added here is a parameter of those calls, typed, on both facades.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import TypedDict
 
 from nereus.kernel.keys import DEFAULT_TENANT
+from nereus.kernel.native import sha256_hex
 from nereus.kernel.records import Appendable, Cancel, Reschedule, Schedule
 
 Duration = int | timedelta
@@ -198,7 +198,7 @@ def schedule_record(
         queue=queue,
         timer_key=timer_key,
         txn=_txn(txn),
-        payload_digest=hashlib.sha256(data).hexdigest(),
+        payload_digest=sha256_hex(data),
         payload_size=len(data),
         **timing(delay_ms, deliver_at_ms, expire_at_ms, lifetime_ms),
         partition_key=optional_text("partition", partition),

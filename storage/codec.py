@@ -17,12 +17,15 @@ Nested values (a message's capability and evidence) keep their map form. Schema 
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, TypeVar
 
 import msgspec
 
 from nereus.kernel.model import VALUE_TYPES, Table, Value
+from nereus.kernel.native import checksum_ok
+
+# Re-exported: the framing is storage's, and its users import it from here.
+from nereus.kernel.native import frame as frame  # noqa: PLC0414
 from nereus.kernel.records import LogEntry
 from nereus.storage.errors import CorruptRecord
 
@@ -59,17 +62,13 @@ _astuple = msgspec.structs.astuple
 _ENTRY_DECODER = msgspec.msgpack.Decoder(LogEntry)
 
 
-def frame(body: bytes) -> bytes:
-    return zlib.crc32(body).to_bytes(4, "big") + body
-
-
 def _checksum_error(data: bytes) -> str | None:
     """What is wrong with a framed value's checksum, or None when it holds."""
+    if checksum_ok(data):
+        return None
     if len(data) < 4:
         return "value shorter than its checksum"
-    if zlib.crc32(data[4:]).to_bytes(4, "big") != data[:4]:
-        return "checksum mismatch: the stored value is damaged"
-    return None
+    return "checksum mismatch: the stored value is damaged"
 
 
 def unframe(data: bytes, path: str, where: str) -> bytes:
@@ -130,10 +129,8 @@ def encode_value(value: Value | msgspec.Struct) -> bytes:
 
 def encode_row(table: Table, value: Value) -> bytes:
     """A table row's stored bytes; the value is remembered for reads of those bytes."""
-    body = _encoder.encode(_astuple(value))
-    crc = zlib.crc32(body)
-    data = crc.to_bytes(4, "big") + body
-    _MEMOS[table]._put(crc, (data, value))
+    data = frame(_encoder.encode(_astuple(value)))
+    _MEMOS[table]._put(int.from_bytes(data[:4], "big"), (data, value))
     return data
 
 

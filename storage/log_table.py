@@ -15,11 +15,11 @@ refuses an applied position the log cannot account for.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from nereus.kernel.model import ShardMeta
+from nereus.kernel.native import sha256_hex
 from nereus.kernel.records import (
     COMMAND_TYPES,
     Appendable,
@@ -114,7 +114,7 @@ def _store_payload(
     key = record.payload_digest.encode()
     if payload is not None:
         # A SHA-256 is ~9k instructions even for a small payload (OpenSSL 3's EVP path).
-        if not checked and hashlib.sha256(payload).hexdigest() != record.payload_digest:
+        if not checked and sha256_hex(payload) != record.payload_digest:
             raise ValueError("payload bytes do not match the schedule's payload_digest")
         if len(payload) != record.payload_size:
             raise ValueError("payload size does not match the schedule's payload_size")

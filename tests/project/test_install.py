@@ -66,6 +66,7 @@ def _copy_source(into: Path) -> Path:
     shutil.copytree(ROOT / "nereus", tree / "nereus", symlinks=True, ignore=ignore)
     for layer in LAYERS:
         shutil.copytree(ROOT / layer, tree / layer, ignore=ignore)
+    shutil.copytree(ROOT / "native", tree / "native", ignore=shutil.ignore_patterns("target"))
     return tree
 
 
@@ -123,6 +124,7 @@ def test_the_wheel_installs_one_top_level_name(installed: tuple[Path, Path]) -> 
     assert "nereus/py.typed" in members
     assert any(name.startswith("nereus/_native__mypyc") for name in members)
     assert any(name.startswith("nereus/kernel/reducer.cpython") for name in members)
+    assert any(name.startswith("nereus/_rust.cpython") for name in members)  # the Rust twins
 
 
 def test_nereus_imports_beside_an_application_with_the_same_folder_names(
@@ -153,6 +155,7 @@ def test_the_command_reports_its_version_and_build(installed: tuple[Path, Path])
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
         assert done.stdout.startswith(f"nereus {nereus.__version__} (kernel: ")
         assert "compiled" in done.stdout
+        assert "rust (nereus-native" in done.stdout
 
 
 def test_kafka_mode_without_the_extra_says_what_to_install(
@@ -179,10 +182,20 @@ def test_kafka_mode_without_the_extra_says_what_to_install(
     assert "pip install 'nereus[kafka]'" in lazy.stderr
 
 
-def test_without_a_c_compiler_the_build_is_pure_python_with_a_notice(tmp_path: Path) -> None:
+def test_without_a_c_compiler_or_cargo_the_build_is_pure_python_with_a_notice(
+    tmp_path: Path,
+) -> None:
+    without_cargo = os.pathsep.join(
+        folder
+        for folder in os.environ.get("PATH", "").split(os.pathsep)
+        if not (Path(folder) / "cargo").exists()
+    )
     wheel, log = _build_wheel(
-        _copy_source(tmp_path), tmp_path / "dist", env={"CC": str(tmp_path / "no-such-cc")}
+        _copy_source(tmp_path),
+        tmp_path / "dist",
+        env={"CC": str(tmp_path / "no-such-cc"), "PATH": without_cargo},
     )
     assert "installing the pure-Python build" in log
     assert "no C compiler" in log
+    assert "no Rust toolchain (cargo); installing without the Rust module" in log
     assert not [name for name in _members(wheel) if name.endswith(".so")]

@@ -70,7 +70,8 @@ _EDGE_MAY = _BELOW_ADAPTERS | {"shared"}
 # unit -> the units it may import (its own always). A unit is a layer, an edge, "shared",
 # "compose", a facade ("adapters", "nereus") or "main" (nereus/__main__.py).
 ALLOWED: Mapping[str, frozenset[str]] = {
-    "kernel": frozenset(),
+    # "native" is the Rust module (`nereus._rust`, native/): only kernel.native binds it.
+    "kernel": frozenset({"native"}),
     "storage": frozenset({"kernel"}),
     "runtime": frozenset({"kernel", "storage"}),
     "service": frozenset({"kernel", "storage", "runtime"}),
@@ -90,6 +91,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "main": frozenset({"cli", "runtime"}),
 }
 FACADES = frozenset({"adapters", "nereus"})
+NATIVE = "nereus._rust"  # a compiled module: no source of ours to scan
 
 
 class Crossing(NamedTuple):
@@ -131,6 +133,8 @@ def unit_of(module: str) -> str | None:
         return "nereus"
     if parts[1] == "__main__":
         return "main"
+    if parts[1] == "_rust":
+        return "native"
     if parts[1] in LAYERS:
         return parts[1]
     if parts[1] != "adapters":
@@ -189,7 +193,7 @@ def _imports(source: str, package: str, known: set[str]) -> list[tuple[str, int]
                 origin = _absolute(node.module or "")
             for alias in node.names:
                 sub = f"{origin}.{alias.name}"
-                found.append((sub if sub in known else origin, node.lineno))
+                found.append((sub if sub in known or sub == NATIVE else origin, node.lineno))
     return [(name, line) for name, line in found if name.split(".")[0] == "nereus"]
 
 

@@ -132,3 +132,29 @@ def test_the_system_clocks_interval_holds_true_time(r: Reading) -> None:
     assert (interval.earliest_ms, interval.latest_ms) == r.expected
     true_ns = host.true_ns
     assert interval.earliest_ms * 1_000_000 <= true_ns <= interval.latest_ms * 1_000_000
+
+
+def test_the_host_clock_finds_adjtimex_once_not_at_every_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding libc runs `ldconfig -p` in a child process: done at every sample, it held
+    the clock's lock for milliseconds once a second, beside the fire path."""
+    import ctypes.util  # noqa: PLC0415
+
+    from nereus.adapters import clock  # noqa: PLC0415
+
+    lookups: list[str] = []
+    real = ctypes.util.find_library
+
+    def counting(name: str) -> str | None:
+        lookups.append(name)
+        return real(name)
+
+    clock._adjtimex.cache_clear()
+    monkeypatch.setattr(ctypes.util, "find_library", counting)
+    reports = [clock.read_adjtimex() for _ in range(5)]
+    host = clock.SystemClock(assumed_error_ms=1.0, sample_interval_ms=0)
+    for _ in range(5):
+        host.interval()
+    assert len(lookups) <= 1
+    assert len({r is None for r in reports}) == 1  # every sample read the same way

@@ -1,0 +1,55 @@
+"""Byte-level primitives of the hot path, with a compiled twin where the build has one.
+
+Theory of operation: each function here has a Python definition, the reference, and a
+second implementation in Rust (`native/src/lib.rs`, built by setup.py as `nereus._rust`).
+The module-level names are bound once, at import, to the Rust one when it was built and
+this process does not run the source build, else to the reference. Both must answer alike
+for every input: `tests/kernel/test_native.py` compares them on generated input, and the
+simulator runs whole histories through each build (`tests/project/test_compiled.py`).
+
+The source build (`NEREUS_PURE_PYTHON=1`, `runtime.compiled.prefer_source()`) runs the
+references, so one switch gives the whole reference program. `BUILD` says which ran. No
+environment is read here: the kernel stays pure, and the switch lives in the runtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Callable
+from types import ModuleType
+
+
+def reference_sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def reference_frame(body: bytes) -> bytes:
+    return zlib.crc32(body).to_bytes(4, "big") + body
+
+
+def reference_checksum_ok(data: bytes) -> bool:
+    return len(data) >= 4 and zlib.crc32(data[4:]).to_bytes(4, "big") == data[:4]
+
+
+def load() -> ModuleType | None:
+    """The Rust module, or None where it was not built or the source build runs (whose
+    import finder refuses it: `runtime.compiled.prefer_source`)."""
+    try:
+        from nereus import _rust  # noqa: PLC0415  (optional: absent from a pure build)
+    except ImportError:
+        return None
+    module: ModuleType = _rust
+    return module
+
+
+_compiled = load()
+
+BUILD: str | None = None if _compiled is None else str(_compiled.BUILD)
+sha256_hex: Callable[[bytes], str] = reference_sha256_hex
+frame: Callable[[bytes], bytes] = reference_frame
+checksum_ok: Callable[[bytes], bool] = reference_checksum_ok
+if _compiled is not None:
+    sha256_hex = _compiled.sha256_hex
+    frame = _compiled.frame
+    checksum_ok = _compiled.checksum_ok
