@@ -113,7 +113,7 @@ def _store_payload(
 ) -> None:
     key = record.payload_digest.encode()
     if payload is not None:
-        # A SHA-256 is ~9k instructions even for a small payload (OpenSSL 3's EVP path).
+        # A SHA-256 costs even for a small payload: `checked` says the caller did it already.
         if not checked and sha256_hex(payload) != record.payload_digest:
             raise ValueError("payload bytes do not match the schedule's payload_digest")
         if len(payload) != record.payload_size:
