@@ -528,6 +528,22 @@ BATCHES = (
         ),
     ),
     Mutant(
+        "F1",
+        "the framing check accepts any value at least a checksum long (the Python reference)",
+        "P8 a damaged store is refused, never read as a plausible row",
+        one(
+            "kernel/native.py",
+            '    return len(data) >= 4 and zlib.crc32(data[4:]).to_bytes(4, "big") == data[:4]',
+            "    return len(data) >= 4",
+        ),
+        (
+            "tests/kernel/test_native.py",
+            "tests/storage/test_storage_corrupt.py",
+            "tests/storage/test_storage_memo.py",
+            *STORAGE_TESTS,
+        ),
+    ),
+    Mutant(
         "M3",
         "every command of a client's batch is answered with the batch's first outcome",
         "P7 replay agrees: each command is answered with what the log decided for it",

@@ -39,6 +39,7 @@ KINDS = {
     "W": "loud on an unbounded clock, and readiness (issue 32, items 1 and 2)",
     "C": "one code list and one result shape (issue 32, item 4)",
     "U": "consumers at least once, woken across processes (issue 32, item 5)",
+    "F": "the framing of stored values, in both builds (issue 34)",
 }
 
 
