@@ -67,20 +67,25 @@ def stale(directories: list[Path] | None = None) -> list[str]:
     return lines + native
 
 
+def _native_extension() -> Path | None:
+    """The built Rust module's file (`nereus._rust`), if there is one."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = ROOT / "nereus" / f"_rust{suffix}"
+        if path.exists():
+            return path
+    return None
+
+
 def _stale_native() -> list[str]:
-    """The Rust module (`nereus._rust`) built before a change to its crate, in a checkout."""
+    """The Rust module built before a change to its crate, in a checkout."""
     crate = ROOT / "native"
-    built = [
-        path
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES
-        for path in (ROOT / "nereus").glob(f"_rust{suffix}")
-    ]
-    if not built or not crate.is_dir():
+    built = _native_extension()
+    if built is None or not crate.is_dir():
         return []
     sources = [crate / "Cargo.toml", *sorted((crate / "src").glob("*.rs"))]
     newest = max(sources, key=lambda path: path.stat().st_mtime)
-    if newest.stat().st_mtime > built[0].stat().st_mtime:
-        return [f"{newest} is newer than its compiled module {built[0].name}"]
+    if newest.stat().st_mtime > built.stat().st_mtime:
+        return [f"{newest} is newer than its compiled module {built.name}"]
     return []
 
 
@@ -149,8 +154,9 @@ class _SourceFirst(MetaPathFinder):
 def _imported_compiled() -> list[str]:
     """Modules that have a compiled build and are imported already (from either build)."""
     names = {f"nereus.{source.parent.name}.{source.stem}" for source in extensions()}
-    # kernel.native chooses its build when first imported.
-    names.add("nereus.kernel.native")
+    if _native_extension() is not None:
+        # kernel.native chooses between the Rust module and its references when imported.
+        names.add("nereus.kernel.native")
     return sorted(names & sys.modules.keys())
 
 
