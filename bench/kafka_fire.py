@@ -12,17 +12,21 @@ a fresh LogAppendTime topic on the same broker. Three measurements:
    headers to another fresh topic of the same broker, produce + flush. And the library's
    shape: one shard with the embedded LMDB log and `KafkaDestination` (the Admission
    durable in LMDB before each produce) firing the same number of timers;
-2. lateness: a thread schedules timers with delay 200 ms at a steady rate R for D seconds;
-   fire lag = the destination record's broker timestamp - deliverAt, p50/p99/max;
+2. lateness: a thread schedules timers due `--ahead-ms` later (default 2 s) at a steady rate
+   R for D seconds while a `read_committed` consumer reads the destination: fire lag = the
+   record's broker timestamp - deliverAt, visible lag = when the consumer got it -
+   deliverAt (after the send's transaction committed), p50/p99/max;
 3. early deliveries (must be 0).
 
     .venv/bin/python -m bench.kafka_fire [--timers 20000] [--shards 4] [--rate 200] [--seconds 5]
+        [--ahead-ms 2000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -220,12 +224,14 @@ def embedded_throughput(bootstrap: str, root: str, timers: int) -> dict[str, Any
     }
 
 
-def lateness(bootstrap: str, root: str, rate: int, seconds: float, shards: int) -> dict[str, Any]:
-    say(f"kafka_fire: steady {rate}/s for {seconds:g} s")
+def lateness(
+    bootstrap: str, root: str, rate: int, seconds: float, shards: int, *, ahead_ms: int
+) -> dict[str, Any]:
+    say(f"kafka_fire: steady {rate}/s for {seconds:g} s, each due {ahead_ms} ms ahead")
     dest = _topic(bootstrap, "bench-lag", DEST_PARTITIONS)
     service = _service(bootstrap, root, shards, dest)
     try:
-        return steady_lag(service, bootstrap, dest, rate, seconds)
+        return steady_lag(service, bootstrap, dest, rate, seconds, ahead_ms=ahead_ms)
     finally:
         service.close()
 
@@ -238,22 +244,27 @@ def steady_lag(
     seconds: float,
     *,
     prefix: str = "l",
+    ahead_ms: int = 200,
 ) -> dict[str, Any]:
-    """Schedule `rate` timers a second due 200 ms later for `seconds` through `service`
-    (whose queue "q" publishes to `dest`), then read them all from `dest`: fire lag = the
-    record's broker timestamp - deliverAt. Timer keys start with `prefix`."""
+    """Schedule `rate` timers a second due `ahead_ms` later for `seconds` through `service`
+    (whose queue "q" publishes to `dest`) while a `read_committed` consumer reads `dest`:
+    fire lag = the record's broker timestamp - deliverAt (when it was appended), visible lag
+    = when the consumer received it - deliverAt (the append, the transaction's commit and the
+    read; what a reader of the destination sees). Timer keys start with `prefix`."""
     sent = 0
     tick_s = 0.05
     per_tick = max(1, int(rate * tick_s))
-    start = time.perf_counter()
     errors: list[BaseException] = []
+    reader = _Reader(bootstrap, dest)
+    reader.start()
+    start = time.perf_counter()
 
     def feed() -> None:
         nonlocal sent
         n = 0
         while time.perf_counter() - start < seconds:
             items = [
-                schedule_record("q", f"{prefix}{n + j}", PAYLOAD, delay_ms=200, txn="tx")
+                schedule_record("q", f"{prefix}{n + j}", PAYLOAD, delay_ms=ahead_ms, txn="tx")
                 for j in range(per_tick)
             ]
             n += per_tick
@@ -271,23 +282,104 @@ def steady_lag(
     feeder = threading.Thread(target=feed)
     feeder.start()
     feeder.join()
+    records = reader.stop_after(sent, 120)
     if errors:
         raise errors[0]
-    records = _read(bootstrap, dest, sent, 120)
-    lags = sorted(ts - deliver_at for ts, deliver_at in records)
+    lags = sorted(ts - deliver_at for _received, ts, deliver_at in records)
+    visible = sorted(received - deliver_at for received, _ts, deliver_at in records)
     return {
         "rate_per_s": rate,
         "seconds": seconds,
+        "ahead_ms": ahead_ms,
         "scheduled": sent,
         "published": len(records),
         "lag_ms_p50": _pct(lags, 0.50),
         "lag_ms_p99": _pct(lags, 0.99),
         "lag_ms_max": lags[-1] if lags else None,
+        "visible_lag_ms_p50": _pct(visible, 0.50),
+        "visible_lag_ms_p99": _pct(visible, 0.99),
+        "visible_lag_ms_max": visible[-1] if visible else None,
         "early": sum(1 for lag in lags if lag < 0),
     }
 
 
-def run(bootstrap: str, timers: int, shards: int, rate: int, seconds: float) -> dict[str, Any]:
+class _Reader:
+    """A `read_committed` consumer of the destination in a process of its own (a reader in
+    the service's process would wait for its interpreter lock and add that to the lag),
+    noting when each record reached it (wall clock, ms) beside its broker timestamp and
+    deliverAt."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_read_process, args=(bootstrap, topic, child))
+
+    def start(self) -> None:
+        self.process.start()
+        if not self.conn.poll(60) or self.conn.recv() != "ready":
+            raise TimeoutError("the destination reader did not reach the end of the topic")
+
+    def stop_after(self, want: int, timeout_s: float) -> list[tuple[int, int, int]]:
+        """The records, once `want` have arrived (or after `timeout_s`)."""
+        self.conn.send((want, timeout_s))
+        records: list[tuple[int, int, int]] = []
+        if self.conn.poll(timeout_s + 30):
+            answer = self.conn.recv()
+            if isinstance(answer, str):
+                raise RuntimeError(answer)
+            records = answer
+        self.process.join(10)
+        return records
+
+
+def _read_process(bootstrap: str, topic: str, conn: Any) -> None:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(DEST_PARTITIONS)])
+    records: list[tuple[int, int, int]] = []
+    ready = False
+    want: int | None = None
+    deadline = float("inf")
+    try:
+        while (want is None or len(records) < want) and time.monotonic() < deadline:
+            if want is None and conn.poll():
+                want, timeout_s = conn.recv()
+                deadline = time.monotonic() + timeout_s
+            # poll, then take what else is there: consume(n, timeout) would wait the whole
+            # timeout for n records, and that wait would count as lag.
+            first = consumer.poll(0.05)
+            if first is None:
+                continue
+            received_ms = int(time.time() * 1000)
+            for m in [first, *consumer.consume(1000, 0)]:
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(str(err))
+                    if not ready:
+                        ready = True
+                        conn.send("ready")
+                    continue
+                headers: dict[str, Any] = dict(m.headers() or ())
+                records.append((received_ms, m.timestamp()[1], int(headers[H_DELIVER_AT])))
+        conn.send(records)
+    except BaseException as exc:
+        conn.send(f"destination reader: {exc!r}")
+    finally:
+        consumer.close()
+
+
+def run(
+    bootstrap: str, timers: int, shards: int, rate: int, seconds: float, *, ahead_ms: int = 2000
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(
         prefix="nereus-bench-", dir=os.environ.get("NEREUS_BENCH_DIR")
     ) as root:
@@ -299,7 +391,7 @@ def run(bootstrap: str, timers: int, shards: int, rate: int, seconds: float) -> 
             "throughput": throughput(bootstrap, root, timers, 1),
             "throughput_shards": throughput(bootstrap, root, timers, shards),
             "embedded": embedded_throughput(bootstrap, root, timers),
-            "lateness": lateness(bootstrap, root, rate, seconds, shards),
+            "lateness": lateness(bootstrap, root, rate, seconds, shards, ahead_ms=ahead_ms),
         }
 
 
@@ -310,12 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--ahead-ms", type=int, default=2000, help="steady timers' delay")
     parser.add_argument("--out", "--json", dest="out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     if not args.bootstrap:
         print("no broker: ./scripts/kafka start, then --bootstrap or NEREUS_KAFKA_BOOTSTRAP")
         return 2
-    result = run(args.bootstrap, args.timers, args.shards, args.rate, args.seconds)
+    result = run(
+        args.bootstrap, args.timers, args.shards, args.rate, args.seconds, ahead_ms=args.ahead_ms
+    )
     print(json.dumps(result, indent=2))
     write_json(args.out, result)
     return 0

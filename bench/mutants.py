@@ -544,6 +544,32 @@ BATCHES = (
         ),
     ),
     Mutant(
+        "F2",
+        "a payload digest in upper-case hex passes the reference check",
+        "P8 an invalid command is refused with a code from the closed list",
+        one(
+            "kernel/native.py",
+            '_SHA256_HEX = re.compile("[0-9a-f]{64}")',
+            '_SHA256_HEX = re.compile("[0-9a-fA-F]{64}")',
+        ),
+        ("tests/kernel/test_native.py", "tests/kernel/test_codes.py"),
+    ),
+    Mutant(
+        "F3",
+        "message ids are hashed without their personalisation (the Python reference)",
+        "P7 replay agrees: a message id never changes between versions",
+        one(
+            "kernel/native.py",
+            "    return hashlib.blake2b(data, digest_size=digest_size, person=person).hexdigest()",
+            "    return hashlib.blake2b(data, digest_size=digest_size).hexdigest()",
+        ),
+        (
+            "tests/kernel/test_native.py",
+            "tests/kernel/test_message_ids.py",
+            "tests/replay/test_golden_logs.py",
+        ),
+    ),
+    Mutant(
         "M3",
         "every command of a client's batch is answered with the batch's first outcome",
         "P7 replay agrees: each command is answered with what the log decided for it",

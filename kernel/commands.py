@@ -9,7 +9,6 @@ log cannot pretend that no destination action happened.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Final
 
 import msgspec
@@ -17,6 +16,7 @@ import msgspec
 from nereus.kernel.codes import Code
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import FRESH_GENERATION, Message, Status
+from nereus.kernel.native import blake2b_hex
 from nereus.kernel.records import Cancel, Reschedule, Schedule
 from nereus.kernel.rules import SAME, Rule, rule
 from nereus.kernel.step import Step
@@ -50,12 +50,7 @@ def request_digest(kind: bytes, record: Schedule | Reschedule) -> str:
         if record.expected_version is None
         else msgspec.structs.replace(record, expected_version=None)
     )
-    h = _REQUEST_HASH.copy()  # cheaper than building a blake2b state per command
-    h.update(kind + msgspec.msgpack.encode(body))
-    return h.hexdigest()
-
-
-_REQUEST_HASH = hashlib.blake2b(digest_size=16)
+    return blake2b_hex(kind + msgspec.msgpack.encode(body), 16, b"")
 
 
 def _accepts_commands(step: Step) -> bool:

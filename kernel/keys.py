@@ -9,9 +9,9 @@ non-negative, so an LMDB cursor walks work in due order.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 
+from nereus.kernel.native import blake2b_hex
 from nereus.kernel.timing import MIN_TIME_MS
 
 _TIMELINE = struct.Struct(">Q16sQ")
@@ -22,18 +22,16 @@ MESSAGE_ID_BYTES = 16
 DEFAULT_TENANT = "default"
 
 
-# The keyed, personalised hash state before any input: copying it costs half of building
-# it again (this runs once per command).
-_MESSAGE_ID_HASH = hashlib.blake2b(digest_size=MESSAGE_ID_BYTES, person=b"nereus.msgid.v1")
+# A message id is the 16-byte BLAKE2b of its identity, personalised so no other digest of
+# the same bytes can pass for one (`kernel.native.blake2b_hex`: one call where Rust is built).
+_PERSON = b"nereus.msgid.v1"
 
 
 def message_id(tenant: str, queue: str, timer_key: str) -> str:
     """Stable across processes and versions: never change this function's output. The
     input is tenant, NUL, queue, NUL, timer_key as UTF-8 (hashed in one update: the same
     bytes, so the same digest as updating part by part)."""
-    h = _MESSAGE_ID_HASH.copy()
-    h.update(f"{tenant}\x00{queue}\x00{timer_key}".encode())
-    return h.hexdigest()
+    return blake2b_hex(f"{tenant}\x00{queue}\x00{timer_key}".encode(), MESSAGE_ID_BYTES, _PERSON)
 
 
 def attempt_prefix(message_id_hex: str, generation: int) -> str:

@@ -15,6 +15,7 @@ environment is read here: the kernel stays pure, and the switch lives in the run
 from __future__ import annotations
 
 import hashlib
+import re
 import zlib
 from collections.abc import Callable
 from types import ModuleType
@@ -30,6 +31,17 @@ def reference_frame(body: bytes) -> bytes:
 
 def reference_checksum_ok(data: bytes) -> bool:
     return len(data) >= 4 and zlib.crc32(data[4:]).to_bytes(4, "big") == data[:4]
+
+
+def reference_blake2b_hex(data: bytes, digest_size: int, person: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=digest_size, person=person).hexdigest()
+
+
+_SHA256_HEX = re.compile("[0-9a-f]{64}")
+
+
+def reference_is_sha256_hex(text: str) -> bool:
+    return _SHA256_HEX.fullmatch(text) is not None
 
 
 def load() -> ModuleType | None:
@@ -49,7 +61,11 @@ BUILD: str | None = None if _compiled is None else str(_compiled.BUILD)
 sha256_hex: Callable[[bytes], str] = reference_sha256_hex
 frame: Callable[[bytes], bytes] = reference_frame
 checksum_ok: Callable[[bytes], bool] = reference_checksum_ok
+blake2b_hex: Callable[[bytes, int, bytes], str] = reference_blake2b_hex
+is_sha256_hex: Callable[[str], bool] = reference_is_sha256_hex
 if _compiled is not None:
     sha256_hex = _compiled.sha256_hex
     frame = _compiled.frame
     checksum_ok = _compiled.checksum_ok
+    blake2b_hex = _compiled.blake2b_hex
+    is_sha256_hex = _compiled.is_sha256_hex

@@ -164,8 +164,9 @@ class State(msgspec.Struct, frozen=True):
 
     def changes(self) -> Iterator[tuple[Table, bytes, Value | None]]:
         """What this batch changed, for storage: None means delete."""
-        for (table, key), value in self.overlay.items():
-            yield table, key, None if isinstance(value, _Deleted) else value
+        # DELETED is the only tombstone there is (`_Deleted` is made nowhere else).
+        changed: Iterator[tuple[Table, bytes, Value | None]] = self.overlay.flat_items(DELETED)
+        return changed
 
     def rebase(self, base: StateBase) -> State:
         """A State over `base`, which must already contain `changes()`."""

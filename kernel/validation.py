@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.native import sha256_hex
+from nereus.kernel.native import is_sha256_hex, sha256_hex
 from nereus.kernel.records import Capability, Schedule
 from nereus.kernel.timing import MAX_INSTANT_MS
 
-_HEX_DIGITS = "0123456789abcdef"
 # Header names the destination adapters write themselves; a client may not forge them.
 RESERVED_HEADER_PREFIX = "nereus-"
 
@@ -37,9 +36,7 @@ def check_txn(txn: str, config: KernelConfig) -> Code | None:
 
 
 def check_payload(digest: str, size: int, config: KernelConfig) -> Code | None:
-    # A SHA-256 in lowercase hex (what `re.fullmatch("[0-9a-f]{64}", digest)` accepts),
-    # without the regex engine: 64 characters, none left once those digits are stripped.
-    if size < 0 or len(digest) != 64 or digest.strip(_HEX_DIGITS):
+    if size < 0 or not is_sha256_hex(digest):
         return Code.INVALID_PAYLOAD_REF
     if size > config.max_payload_bytes:
         return Code.PAYLOAD_TOO_LARGE

@@ -77,7 +77,7 @@ class EffectsRunner:
             answers: list[EntryOutcome] = []
             for record, outcome, rest in split(entry.record, effects):
                 answers.append(outcome)
-                tally.entry(record, outcome)
+                tally.entry(record, outcome, entry.persisted_at_ms)
                 if isinstance(record, PublishOutcome):
                     if outcome.applied:
                         self._outcome_recorded(record, now_ms)

@@ -3,7 +3,9 @@
 Theory of operation: a commit folds many entries; counting each into the shared registry
 would take its lock once per entry and series. A `Tally` collects one commit's counts (by
 record type and code, publish outcomes by class, Admissions won or stale) and its fire lags,
-and writes them in one update per series after the commit. It only counts: what a folded
+split in two: deliverAt to the won Admission's persistence time (discovery, the claim and
+the Admission's commit), and deliverAt to the publish (that, then the send), and writes them
+in one update per series after the commit. It only counts: what a folded
 entry means for claims, lanes or dead-letter copies is the runtime's to act on. The gauges
 (claims, sends waiting, messages by status, obligations, recovery, clock error bound, due
 backlog) are set once per tick.
@@ -34,19 +36,25 @@ class Tally:
     recovered: bool
     counts: dict[tuple[str, LabelKey], int] = field(default_factory=dict)
     fire_lags_s: list[float] = field(default_factory=list)
+    admission_lags_s: list[float] = field(default_factory=list)
 
     def count(self, name: str, *labels: tuple[str, str]) -> None:
         series = (name, labels)
         self.counts[series] = self.counts.get(series, 0) + 1
 
-    def entry(self, record: Record, outcome: EntryOutcome) -> None:
-        """One folded record (or batch item) and its outcome."""
+    def entry(self, record: Record, outcome: EntryOutcome, persisted_at_ms: int) -> None:
+        """One folded record (or batch item) and its outcome; `persisted_at_ms`: its log
+        entry's persistence time."""
         self.count("nereus_entries_total", ("code", outcome.code), ("type", outcome.record_type))
         if isinstance(record, PublishOutcome):
             if outcome.applied:
                 self._outcome(record, outcome)
         elif isinstance(record, PublishAdmission):
             self.count("nereus_admissions_total", ("result", "won" if outcome.applied else "stale"))
+            if outcome.applied and outcome.deliver_at_ms is not None and self.recovered:
+                # Negative only where a delayed-handoff destination admits before deliverAt.
+                lag_ms = persisted_at_ms - outcome.deliver_at_ms
+                self.admission_lags_s.append(max(lag_ms, 0) / 1000)
 
     def _outcome(self, record: PublishOutcome, outcome: EntryOutcome) -> None:
         result = record.result
@@ -63,6 +71,8 @@ class Tally:
             metrics.inc(name, count, dict(labels))
         if self.fire_lags_s:
             metrics.observe_many("nereus_fire_lag_seconds", self.fire_lags_s)
+        if self.admission_lags_s:
+            metrics.observe_many("nereus_admission_lag_seconds", self.admission_lags_s)
 
 
 class Gauges:
@@ -113,6 +123,11 @@ def describe(m: Metrics) -> None:
     m.describe("nereus_admissions_total", "counter", "Publish Admissions applied, won or stale.")
     m.describe(
         "nereus_fire_lag_seconds", "histogram", "deliveredAt minus deliverAt of published attempts."
+    )
+    m.describe(
+        "nereus_admission_lag_seconds",
+        "histogram",
+        "The won Admission's persistence time minus deliverAt (0 when before it).",
     )
     m.describe(
         "nereus_early_deliveries_total", "counter", "Deliveries before deliverAt (must stay 0)."

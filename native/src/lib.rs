@@ -5,6 +5,7 @@
 //! same answer for every input, which `tests/kernel/test_native.py` checks on generated
 //! input and the simulator checks on whole histories (`tests/project/test_compiled.py`).
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use sha2::{Digest, Sha256};
@@ -35,6 +36,39 @@ fn frame<'py>(py: Python<'py>, body: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
     })
 }
 
+/// The lowercase hex BLAKE2b of `data` with `digest_size` bytes of output and the
+/// personalisation `person`, as `hashlib.blake2b(data, digest_size=..., person=...)`.
+#[pyfunction]
+fn blake2b_hex<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    digest_size: usize,
+    person: &[u8],
+) -> PyResult<Bound<'py, PyString>> {
+    if !(1..=64).contains(&digest_size) {
+        return Err(PyValueError::new_err("digest_size must be between 1 and 64 bytes"));
+    }
+    if person.len() > 16 {
+        return Err(PyValueError::new_err("maximum person length is 16 bytes"));
+    }
+    let hash = blake2b_simd::Params::new()
+        .hash_length(digest_size)
+        .personal(person)
+        .hash(data);
+    Ok(PyString::new(py, hash.to_hex().as_str()))
+}
+
+/// Whether `text` is a SHA-256 in lowercase hex: exactly 64 of `0-9a-f`, as
+/// `re.fullmatch("[0-9a-f]{64}", text)`.
+/// A string that is not valid UTF-8 (a lone surrogate) is not one: False, not an error.
+#[pyfunction]
+fn is_sha256_hex(text: &Bound<'_, PyString>) -> bool {
+    match text.to_str() {
+        Ok(s) => s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        Err(_) => false,
+    }
+}
+
 /// Whether a framed value is at least its checksum long and its body matches it.
 #[pyfunction]
 fn checksum_ok(data: &[u8]) -> bool {
@@ -47,5 +81,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sha256_hex, m)?)?;
     m.add_function(wrap_pyfunction!(frame, m)?)?;
     m.add_function(wrap_pyfunction!(checksum_ok, m)?)?;
+    m.add_function(wrap_pyfunction!(blake2b_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(is_sha256_hex, m)?)?;
     Ok(())
 }

@@ -35,6 +35,8 @@ class _References(ModuleType):
     sha256_hex = staticmethod(native.reference_sha256_hex)
     frame = staticmethod(native.reference_frame)
     checksum_ok = staticmethod(native.reference_checksum_ok)
+    blake2b_hex = staticmethod(native.reference_blake2b_hex)
+    is_sha256_hex = staticmethod(native.reference_is_sha256_hex)
 
 
 _REFERENCES = _References("references")
@@ -95,3 +97,52 @@ def test_the_process_runs_the_rust_twins_unless_it_runs_the_source_build() -> No
         assert native.sha256_hex is rust.sha256_hex
         assert native.frame is rust.frame
         assert native.checksum_ok is rust.checksum_ok
+
+
+@given(st.binary(max_size=2048), st.integers(1, 64), st.binary(max_size=16))
+def test_blake2b_hex_is_the_standard_digest_in_both(
+    data: bytes, digest_size: int, person: bytes
+) -> None:
+    expected = hashlib.blake2b(data, digest_size=digest_size, person=person).hexdigest()
+    for twin in _twins():
+        assert twin.blake2b_hex(data, digest_size, person) == expected, twin
+
+
+@pytest.mark.parametrize(("digest_size", "person"), [(0, b""), (65, b""), (16, b"p" * 17)])
+def test_blake2b_hex_refuses_what_blake2b_cannot_be_in_both(
+    digest_size: int, person: bytes
+) -> None:
+    for twin in _twins():
+        with pytest.raises(ValueError):
+            twin.blake2b_hex(b"data", digest_size, person)
+
+
+_HEX = "0123456789abcdef"
+_NOT_HEX = st.characters(blacklist_characters=_HEX)  # surrogates and non-ASCII included
+
+
+@st.composite
+def _nearly_digests(draw: st.DrawFn) -> str:
+    """Strings around the rule's edge: a digest, one with a character replaced, longer,
+    shorter, uppercase, or anything at all."""
+    digest = draw(st.text(_HEX, min_size=64, max_size=64))
+    kind = draw(st.sampled_from(["digest", "replaced", "longer", "shorter", "upper", "any"]))
+    if kind == "replaced":
+        at = draw(st.integers(0, 63))
+        return digest[:at] + draw(_NOT_HEX) + digest[at + 1 :]
+    if kind == "longer":
+        return digest + draw(st.text(min_size=1, max_size=3))
+    if kind == "shorter":
+        return digest[: draw(st.integers(0, 63))]
+    if kind == "upper":
+        return digest.upper()
+    if kind == "any":
+        return draw(st.text(max_size=70))
+    return digest
+
+
+@given(_nearly_digests())
+def test_a_payload_digest_is_64_lowercase_hex_digits_in_both(text: str) -> None:
+    holds = len(text) == 64 and all(c in _HEX for c in text)
+    for twin in _twins():
+        assert twin.is_sha256_hex(text) is holds, (twin, text)

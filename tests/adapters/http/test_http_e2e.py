@@ -432,6 +432,8 @@ def test_metrics_export_fire_lag_claims_admissions_outcomes_and_clock_bound(
     assert _metric(text, "nereus_fire_lag_seconds_count") >= 5
     assert _metric(text, "nereus_fire_lag_seconds_bucket", '{le="+Inf"}') >= 5
     assert _metric(text, "nereus_fire_lag_seconds_sum") >= 0
+    assert re.search(r"^# TYPE nereus_admission_lag_seconds histogram$", text, re.M)
+    assert _metric(text, "nereus_admission_lag_seconds_count") >= 5
     assert re.search(r"^# TYPE nereus_claims_inflight gauge$", text, re.M)
     assert _metric(text, "nereus_claims_inflight") >= 0
     assert re.search(r"^# TYPE nereus_admissions_total counter$", text, re.M)

@@ -136,7 +136,7 @@ def _early_deliveries(evidence_ms: int, deliver_at_ms: int) -> float:
     outcome = EntryOutcome(
         7, "PUBLISH_OUTCOME_V1", True, Code.OUTCOME_RECORDED, "m", 1, deliver_at_ms=deliver_at_ms
     )
-    tally.entry(record, outcome)
+    tally.entry(record, outcome, evidence_ms)
     tally.write(metrics)
     return metrics.value("nereus_early_deliveries_total")
 
