@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nereus.kernel.keys import message_id
 
-_NAMES = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+_NAMES = st.text(st.characters(codec="utf-8", exclude_characters="\x00"))
 
 
 @given(_NAMES, _NAMES, _NAMES)
