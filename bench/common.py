@@ -81,6 +81,12 @@ def process_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def process_system_s() -> float:
+    """System CPU seconds this process has used so far (the kernel's share: LMDB's page
+    writes and syncs, for the fire path)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def pct(values: list[int] | list[float], q: float) -> float:
     """The q-quantile of sorted `values` (nearest rank), 0 for none."""
     return values[min(len(values) - 1, int(len(values) * q))] if values else 0

@@ -29,11 +29,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 
-from bench.common import PAYLOAD, T0_MS, process_cpu_s, say, write_json
+from bench.common import PAYLOAD, T0_MS, process_cpu_s, process_system_s, say, write_json
 from nereus import kernel as k
 from nereus.adapters.clock import SystemClock
 from nereus.adapters.local.destination import LocalDestination
@@ -45,6 +45,8 @@ from nereus.service.arguments import schedule_record
 from nereus.storage.codec import encode_entry
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
+
+T = TypeVar("T")
 
 # Under callgrind no 64 GiB map can be reserved: the children map 1 GiB per environment.
 SMALL_MAP_BYTES = 1 << 30
@@ -67,20 +69,23 @@ def _open(root: str, map_bytes: int | None) -> tuple[ShardStore, LocalDestinatio
     return store, dest, runtime
 
 
-def fire(root: str, n: int, *, run: bool = True, map_bytes: int | None = None) -> float:
-    """CPU seconds of firing `n` due timers (0 with run=False: only the setup)."""
+def fire(
+    root: str, n: int, *, run: bool = True, map_bytes: int | None = None
+) -> tuple[float, float]:
+    """CPU seconds of firing `n` due timers, and the system part of them (0 with run=False:
+    only the setup)."""
     store, dest, runtime = _open(root, map_bytes)
     for first in range(0, n, 1000):
         store.commit(_items(first, min(1000, n - first), 0), int(time.time() * 1000))
     time.sleep(0.01)  # every timer is due
-    started = process_cpu_s()
+    started, started_system = process_cpu_s(), process_system_s()
     while run and store.meta.counters.delivered < n:
         runtime.run_once()
-    took = process_cpu_s() - started
+    took, system = process_cpu_s() - started, process_system_s() - started_system
     runtime.stop()
     store.close()
     dest.close()
-    return took if run else 0.0
+    return (took, system) if run else (0.0, 0.0)
 
 
 def raw_fire(root: str, n: int) -> float:
@@ -163,7 +168,7 @@ def raw_schedule(root: str, n: int, batch: int) -> float:
     return took
 
 
-def _in_scratch(measure: Callable[[str], float]) -> float:
+def _in_scratch(measure: Callable[[str], T]) -> T:
     root = tempfile.mkdtemp(prefix="nereus-cost-", dir=os.environ.get("NEREUS_BENCH_DIR"))
     try:
         return measure(root)
@@ -216,12 +221,13 @@ def instructions_per_item(kind: str, n: int, batch: int = 0) -> int:
 
 def run(timers: int, batches: list[int], instructions: bool) -> dict[str, Any]:
     say(f"cost: firing {timers:,} timers")
-    fire_s = _in_scratch(lambda root: fire(root, timers))
+    fire_s, fire_system_s = _in_scratch(lambda root: fire(root, timers))
     raw_fire_s = _in_scratch(lambda root: raw_fire(root, timers))
     result: dict[str, Any] = {
         "fire": {
             "timers": timers,
             "cpu_us_per_timer": round(fire_s / timers * 1e6, 1),
+            "system_cpu_us_per_timer": round(fire_system_s / timers * 1e6, 1),
             "raw_append_cpu_us_per_record": round(raw_fire_s / timers * 1e6, 1),
         },
         "schedule": [],
@@ -275,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     f = result["fire"]
     extra = f"  {f['instructions_per_timer']:,} instructions" if args.instructions else ""
     print(
-        f"fired timer: {f['cpu_us_per_timer']} us CPU{extra}  "
+        f"fired timer: {f['cpu_us_per_timer']} us CPU ({f['system_cpu_us_per_timer']} us system)"
+        f"{extra}  "
         f"(raw local append {f['raw_append_cpu_us_per_record']} us)"
     )
     for row in result["schedule"]:
