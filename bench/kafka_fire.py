@@ -66,8 +66,8 @@ def _topic(bootstrap: str, prefix: str, partitions: int) -> str:
     raise TimeoutError(name)
 
 
-def _read(bootstrap: str, topic: str, want: int, timeout_s: float) -> list[tuple[int, int]]:
-    """(broker timestamp, deliverAt) of every record, once `want` are there."""
+def _destination_reader(bootstrap: str, topic: str, **settings: Any) -> Any:
+    """A `read_committed` consumer of every partition of the destination, from the start."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -75,9 +75,16 @@ def _read(bootstrap: str, topic: str, want: int, timeout_s: float) -> list[tuple
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            **settings,
         }
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(DEST_PARTITIONS)])
+    return consumer
+
+
+def _read(bootstrap: str, topic: str, want: int, timeout_s: float) -> list[tuple[int, int]]:
+    """(broker timestamp, deliverAt) of every record, once `want` are there."""
+    consumer = _destination_reader(bootstrap, topic)
     out: list[tuple[int, int]] = []
     deadline = time.monotonic() + timeout_s
     while len(out) < want and time.monotonic() < deadline:
@@ -333,17 +340,7 @@ class _Reader:
 
 
 def _read_process(bootstrap: str, topic: str, conn: Any) -> None:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 10,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(DEST_PARTITIONS)])
+    consumer = _destination_reader(bootstrap, topic, **{"fetch.wait.max.ms": 10})
     records: list[tuple[int, int, int]] = []
     ready = False
     want: int | None = None

@@ -114,15 +114,9 @@ class Overlay(Generic[K, V]):
         the value `tombstone` given as None: storage's view of a batch. Here, in the
         compiled module, because the fold walks every row of a batch through it (the
         interpreted generator in `kernel.state` cost ~2k instructions a row)."""
-        seq = self._seq
-        for key, newest in list(self._store.versions.items()):
-            version: _Version | None = newest
-            while version is not None and version[0] > seq:
-                version = version[2]
-            if version is not None:
-                pair: tuple[Any, Any] = key  # type: ignore[assignment]  # pairs, by contract
-                value: Any = version[1]
-                yield pair[0], pair[1], None if value is tombstone else value
+        for key, value in self.items():
+            pair: tuple[Any, Any] = key  # type: ignore[assignment]  # pairs, by contract
+            yield pair[0], pair[1], None if value is tombstone else value
 
     def __len__(self) -> int:
         """Distinct keys written in this overlay's lineage up to it."""
