@@ -52,6 +52,7 @@ COMPILED = [
     "nereus/storage/fold.py",
     "nereus/storage/indexes.py",
     "nereus/storage/log_table.py",
+    "nereus/storage/published.py",
     "nereus/storage/reads.py",
     "nereus/storage/store.py",
     "nereus/runtime/claims.py",

@@ -19,6 +19,7 @@ import re
 import zlib
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 
 def reference_sha256_hex(data: bytes) -> str:
@@ -63,7 +64,18 @@ frame: Callable[[bytes], bytes] = reference_frame
 checksum_ok: Callable[[bytes], bool] = reference_checksum_ok
 blake2b_hex: Callable[[bytes, int, bytes], str] = reference_blake2b_hex
 is_sha256_hex: Callable[[str], bool] = reference_is_sha256_hex
+# The fold of PUBLISHED outcomes over stored rows. Its reference is not a function here but
+# the kernel's reducer (`kernel.mutations.outcome`): `storage.published` calls it only for
+# records the reference would decide the same way, and the store's tests fold histories
+# both ways (tests/storage/test_published_fold.py). None in the source build.
+fold_published: Callable[..., Any] | None = None
+# The stored field order that fold relies on, compared with the model before it is used.
+MESSAGE_FIELDS: tuple[str, ...] = ()
+ATTEMPT_FIELDS: tuple[str, ...] = ()
 if _compiled is not None:
+    fold_published = _compiled.fold_published
+    MESSAGE_FIELDS = tuple(_compiled.MESSAGE_FIELDS)
+    ATTEMPT_FIELDS = tuple(_compiled.ATTEMPT_FIELDS)
     sha256_hex = _compiled.sha256_hex
     frame = _compiled.frame
     checksum_ok = _compiled.checksum_ok

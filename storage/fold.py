@@ -26,6 +26,7 @@ from nereus.kernel.model import ShardMeta, Table, Value
 from nereus.kernel.records import CommandBatch, LogEntry, Payload, Schedule
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
+from nereus.storage import published
 from nereus.storage.base import LmdbBase
 from nereus.storage.codec import decode_struct, encode_entry, encode_row, encode_value, position_key
 from nereus.storage.env import Env
@@ -65,6 +66,7 @@ def fold_in(
     position, and so must the log. `at` is the store's crash-window hook."""
     results: list[Applied] = []
     logged: list[LogEntry] = []
+    released: set[bytes] = set()
     state = State(config, meta, LmdbBase(txn, env.tables, env.data_file))
     for entry in entries:
         if mirror:
@@ -78,9 +80,23 @@ def fold_in(
                 log_end += 1
             elif state.meta.position < entry.position <= log_end:
                 check_matches_log(env, txn, entry)
+        items = published.candidate(state.meta, entry)
+        if items is not None:
+            # The compiled fold reads the transaction: what the overlay holds goes there
+            # first, and the State after it starts again over the transaction.
+            if len(state.overlay):
+                released |= _write_changes(env, txn, state)
+                state = state.rebase(state.base)
+            done = published.fold(env, txn, state.meta, entry, items)
+            if done is not None:
+                meta, effects, freed = done
+                released |= freed
+                state = State(config, meta, state.base)
+                results.append((entry, effects))
+                continue
         state, effects = reduce(state, entry)
         results.append((entry, effects))
-    released = _write_changes(env, txn, state)
+    released |= _write_changes(env, txn, state)
     _collect_payloads(env, txn, released, entries, state.meta.position)
     at("fold")
     txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)

@@ -5,6 +5,9 @@
 //! same answer for every input, which `tests/kernel/test_native.py` checks on generated
 //! input and the simulator checks on whole histories (`tests/project/test_compiled.py`).
 
+mod outcomes;
+mod rows;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
@@ -46,7 +49,9 @@ fn blake2b_hex<'py>(
     person: &[u8],
 ) -> PyResult<Bound<'py, PyString>> {
     if !(1..=64).contains(&digest_size) {
-        return Err(PyValueError::new_err("digest_size must be between 1 and 64 bytes"));
+        return Err(PyValueError::new_err(
+            "digest_size must be between 1 and 64 bytes",
+        ));
     }
     if person.len() > 16 {
         return Err(PyValueError::new_err("maximum person length is 16 bytes"));
@@ -77,11 +82,17 @@ fn checksum_ok(data: &[u8]) -> bool {
 
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("BUILD", concat!("rust (nereus-native ", env!("CARGO_PKG_VERSION"), ")"))?;
+    m.add(
+        "BUILD",
+        concat!("rust (nereus-native ", env!("CARGO_PKG_VERSION"), ")"),
+    )?;
     m.add_function(wrap_pyfunction!(sha256_hex, m)?)?;
     m.add_function(wrap_pyfunction!(frame, m)?)?;
     m.add_function(wrap_pyfunction!(checksum_ok, m)?)?;
     m.add_function(wrap_pyfunction!(blake2b_hex, m)?)?;
     m.add_function(wrap_pyfunction!(is_sha256_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(outcomes::fold_published, m)?)?;
+    m.add("MESSAGE_FIELDS", outcomes::MESSAGE_FIELDS.to_vec())?;
+    m.add("ATTEMPT_FIELDS", outcomes::ATTEMPT_FIELDS.to_vec())?;
     Ok(())
 }

@@ -1,0 +1,193 @@
+"""The fold of PUBLISHED outcomes in compiled code, and when it may be used.
+
+Theory of operation: every fire ends in a PUBLISH_OUTCOMES_V1 record whose items say
+"published" for an attempt that is PUBLISHING, of a message that is PUBLISHING. The Python
+kernel (`kernel.mutations.outcome`) is the rule for that; `kernel.native.fold_published`
+(Rust) is a second implementation of its common case, working on the stored rows without
+building Python values: it reads the attempt, message, payload-reference and usage rows,
+and answers with the rows to write, or None for a record it does not take whole (any item
+not the common case, any row not in the form msgspec writes). `fold` then writes those
+rows into the fold's transaction with the timer index beside them, and builds the entry's
+outcomes and claim releases, the meta and its counters, as the reducer would.
+
+What is decided here is only what the reducer would decide before the rows are looked at:
+the entry's position and persistence time are the expected ones, and the record holds only
+PUBLISHED results. Anything else goes to the reducer. The lifecycle table must still say
+what this path does (`usable`): a table that moves a PUBLISHED outcome somewhere else
+switches the path off rather than disagreeing with it. `tests/storage/test_published_fold.py`
+folds generated histories both ways and compares every byte of the store and every effect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from nereus.kernel import native
+from nereus.kernel.codes import Code
+from nereus.kernel.effects import Effect, EntryOutcome, RevokeClaim
+from nereus.kernel.model import (
+    Attempt,
+    AttemptStatus,
+    Counters,
+    Message,
+    ShardMeta,
+    Status,
+    Table,
+)
+from nereus.kernel.records import (
+    LogEntry,
+    OutcomeItem,
+    Published,
+    PublishOutcome,
+    PublishOutcomes,
+    record_type_of,
+)
+from nereus.kernel.rules import attempt_rule, rule
+from nereus.kernel.timing import MAX_INSTANT_MS
+from nereus.storage.codec import timer_index_key
+from nereus.storage.env import Env
+
+_TAG: Final = record_type_of(PublishOutcome)
+_RECORDED: Final = Code.OUTCOME_RECORDED
+_encoder = msgspec.msgpack.Encoder()
+_TABLES: Final[dict[str, Table]] = {table.value: table for table in Table}
+
+
+def usable() -> bool:
+    """Whether the compiled fold exists, reads the rows as the model lays them out, and
+    does what the lifecycle table says a PUBLISHED outcome of a PUBLISHING attempt does."""
+    if native.fold_published is None:
+        return False
+    message_rule = rule("outcome_published", Status.PUBLISHING, "-")
+    attempt = attempt_rule(AttemptStatus.PUBLISHING, "PUBLISHED")
+    return (
+        Message.__struct_fields__ == native.MESSAGE_FIELDS
+        and Attempt.__struct_fields__ == native.ATTEMPT_FIELDS
+        and message_rule.code is _RECORDED
+        and message_rule.to_status == Status.DELIVERED
+        and not message_rule.new_generation
+        and attempt.code is _RECORDED
+        and attempt.to_status == AttemptStatus.PUBLISHED
+    )
+
+
+class _Switch:
+    """Read by the fold for every entry; tests switch it off to fold one log both ways."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = usable()
+
+
+SWITCH: Final = _Switch()
+
+
+def set_enabled(on: bool) -> bool:
+    """Use the compiled fold when `on` and usable; returns the previous setting."""
+    before = SWITCH.on
+    SWITCH.on = on and usable()
+    return before
+
+
+def candidate(meta: ShardMeta, entry: LogEntry) -> list[PublishOutcome | OutcomeItem] | None:
+    """The record's items when the compiled fold may try it: the entry is next in the log,
+    its persistence time is one the reducer accepts, and every item is PUBLISHED."""
+    if not SWITCH.on or entry.position != meta.position + 1:
+        return None
+    if not meta.last_persisted_at_ms <= entry.persisted_at_ms < MAX_INSTANT_MS:
+        return None
+    record = entry.record
+    if isinstance(record, PublishOutcomes):
+        items: list[PublishOutcome | OutcomeItem] = list(record.items)
+    elif isinstance(record, PublishOutcome):
+        items = [record]
+    else:
+        return None
+    if not items:
+        return None
+    for item in items:
+        if not isinstance(item.result, Published):
+            return None
+    return items
+
+
+def fold(
+    env: Env, txn: Any, meta: ShardMeta, entry: LogEntry, items: list[PublishOutcome | OutcomeItem]
+) -> tuple[ShardMeta, tuple[Effect, ...], set[bytes]] | None:
+    """Fold the entry into `txn` through the compiled path: the new meta, the effects and
+    the payload digests whose reference row was deleted. None (nothing written) when the
+    compiled fold does not take the record."""
+    fold_published = native.fold_published
+    assert fold_published is not None
+    dbs = {name: env.tables[table] for name, table in _TABLES.items()}
+
+    def get(table: str, key: bytes) -> bytes | None:
+        found: bytes | None = txn.get(key, None, dbs[table])
+        return found
+
+    evidences = [item.result.evidence for item in items if isinstance(item.result, Published)]
+    answer = fold_published(
+        get,
+        [
+            (item.attempt_id, item.message_id, item.generation, _encoder.encode(evidence))
+            for item, evidence in zip(items, evidences, strict=True)
+        ],
+        entry.position,
+        entry.persisted_at_ms,
+    )
+    if answer is None:
+        return None
+    writes, folded = answer
+    released: set[bytes] = set()
+    # Positional arguments: python-lmdb parses keywords through a dict (storage.base).
+    for name, key, value in writes:
+        db = dbs[name]
+        if value is None:
+            txn.delete(key, b"", db)
+            if name == "payloads":
+                released.add(key)
+        else:
+            txn.put(key, value, True, True, False, db)
+    effects: list[Effect] = []
+    position = entry.position
+    for index, (item, evidence, done) in enumerate(zip(items, evidences, folded, strict=True)):
+        claim_id, version, txn_id, deliver_at_ms, tenant, queue, timer_key = done
+        # DELIVERED is not live: the timer leaves the index (storage.indexes.index_timer).
+        txn.delete(timer_index_key(tenant, queue, timer_key), b"", env.timer_index)
+        effects.append(
+            EntryOutcome(
+                position,
+                _TAG,
+                True,
+                _RECORDED,
+                item.message_id,
+                item.generation,
+                version,
+                txn_id,
+                deliver_at_ms,
+                item.attempt_id,
+                evidence,
+                index,
+            )
+        )
+        effects.append(RevokeClaim(item.message_id, item.generation, _RECORDED, claim_id))
+    n = len(items)
+    c = meta.counters
+    counters = msgspec.structs.replace(
+        c,
+        publishing=c.publishing - n,
+        delivered=c.delivered + n,
+        attempts_publishing=c.attempts_publishing - n,
+        attempts_published=c.attempts_published + n,
+    )
+    assert isinstance(counters, Counters)
+    new_meta = ShardMeta(
+        position,
+        max(entry.persisted_at_ms, meta.last_persisted_at_ms),
+        meta.shard_status,
+        counters,
+    )
+    return new_meta, tuple(effects), released
