@@ -37,6 +37,7 @@ from nereus.kernel.model import (
     Table,
 )
 from nereus.kernel.records import (
+    Evidence,
     LogEntry,
     OutcomeItem,
     Published,
@@ -151,12 +152,23 @@ def fold(
                 released.add(key)
         else:
             txn.put(key, value, True, True, False, db)
-    effects: list[Effect] = []
-    position = entry.position
-    for index, (item, evidence, done) in enumerate(zip(items, evidences, folded, strict=True)):
-        claim_id, version, txn_id, deliver_at_ms, tenant, queue, timer_key = done
+    for _, _, _, _, tenant, queue, timer_key in folded:
         # DELIVERED is not live: the timer leaves the index (storage.indexes.index_timer).
         txn.delete(timer_index_key(tenant, queue, timer_key), b"", env.timer_index)
+    effects = _effects(entry.position, items, evidences, folded)
+    return _meta(meta, entry, len(items)), effects, released
+
+
+def _effects(
+    position: int,
+    items: list[PublishOutcome | OutcomeItem],
+    evidences: list[Evidence],
+    folded: list[tuple[str, int, str, int, str, str, str]],
+) -> tuple[Effect, ...]:
+    """Each item's outcome and claim release, as the reducer emits them."""
+    effects: list[Effect] = []
+    for index, (item, evidence, done) in enumerate(zip(items, evidences, folded, strict=True)):
+        claim_id, version, txn_id, deliver_at_ms = done[:4]
         effects.append(
             EntryOutcome(
                 position,
@@ -174,7 +186,11 @@ def fold(
             )
         )
         effects.append(RevokeClaim(item.message_id, item.generation, _RECORDED, claim_id))
-    n = len(items)
+    return tuple(effects)
+
+
+def _meta(meta: ShardMeta, entry: LogEntry, n: int) -> ShardMeta:
+    """The meta after `n` attempts and their messages went from PUBLISHING to delivered."""
     c = meta.counters
     counters = msgspec.structs.replace(
         c,
@@ -184,10 +200,9 @@ def fold(
         attempts_published=c.attempts_published + n,
     )
     assert isinstance(counters, Counters)
-    new_meta = ShardMeta(
-        position,
+    return ShardMeta(
+        entry.position,
         max(entry.persisted_at_ms, meta.last_persisted_at_ms),
         meta.shard_status,
         counters,
     )
-    return new_meta, tuple(effects), released
