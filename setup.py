@@ -53,6 +53,8 @@ COMPILED = [
     "nereus/storage/indexes.py",
     "nereus/storage/log_table.py",
     "nereus/storage/published.py",
+    "nereus/storage/admitted.py",
+    "nereus/storage/compiled_rows.py",
     "nereus/storage/reads.py",
     "nereus/storage/store.py",
     "nereus/runtime/claims.py",

@@ -69,11 +69,15 @@ is_sha256_hex: Callable[[str], bool] = reference_is_sha256_hex
 # records the reference would decide the same way, and the store's tests fold histories
 # both ways (tests/storage/test_published_fold.py). None in the source build.
 fold_published: Callable[..., Any] | None = None
+# The row work of Admissions of SCHEDULED timers; its reference is
+# `kernel.mutations.admission`, and `storage.admitted` checks the rest of the rule.
+fold_admitted: Callable[..., Any] | None = None
 # The stored field order that fold relies on, compared with the model before it is used.
 MESSAGE_FIELDS: tuple[str, ...] = ()
 ATTEMPT_FIELDS: tuple[str, ...] = ()
 if _compiled is not None:
     fold_published = _compiled.fold_published
+    fold_admitted = _compiled.fold_admitted
     MESSAGE_FIELDS = tuple(_compiled.MESSAGE_FIELDS)
     ATTEMPT_FIELDS = tuple(_compiled.ATTEMPT_FIELDS)
     sha256_hex = _compiled.sha256_hex

@@ -26,7 +26,7 @@ from nereus.kernel.model import ShardMeta, Table, Value
 from nereus.kernel.records import CommandBatch, LogEntry, Payload, Schedule
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
-from nereus.storage import published
+from nereus.storage import admitted, published
 from nereus.storage.base import LmdbBase
 from nereus.storage.codec import decode_struct, encode_entry, encode_row, encode_value, position_key
 from nereus.storage.env import Env
@@ -80,14 +80,19 @@ def fold_in(
                 log_end += 1
             elif state.meta.position < entry.position <= log_end:
                 check_matches_log(env, txn, entry)
-        items = published.candidate(state.meta, entry)
-        if items is not None:
+        done = None
+        outcomes = published.candidate(state.meta, entry)
+        admissions = None if outcomes is not None else admitted.candidate(state.meta, entry)
+        if outcomes is not None or admissions is not None:
             # The compiled fold reads the transaction: what the overlay holds goes there
             # first, and the State after it starts again over the transaction.
             if len(state.overlay):
                 released |= _write_changes(env, txn, state)
                 state = state.rebase(state.base)
-            done = published.fold(env, txn, state.meta, entry, items)
+            if outcomes is not None:
+                done = published.fold(env, txn, state.meta, entry, outcomes)
+            elif admissions is not None:
+                done = admitted.fold(env, txn, state.meta, entry, admissions)
             if done is not None:
                 meta, effects, freed = done
                 released |= freed

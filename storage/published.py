@@ -34,7 +34,6 @@ from nereus.kernel.model import (
     Message,
     ShardMeta,
     Status,
-    Table,
 )
 from nereus.kernel.records import (
     Evidence,
@@ -48,12 +47,12 @@ from nereus.kernel.records import (
 from nereus.kernel.rules import attempt_rule, rule
 from nereus.kernel.timing import MAX_INSTANT_MS
 from nereus.storage.codec import timer_index_key
+from nereus.storage.compiled_rows import SWITCH, put_rows, reader
 from nereus.storage.env import Env
 
 _TAG: Final = record_type_of(PublishOutcome)
 _RECORDED: Final = Code.OUTCOME_RECORDED
 _encoder = msgspec.msgpack.Encoder()
-_TABLES: Final[dict[str, Table]] = {table.value: table for table in Table}
 
 
 def usable() -> bool:
@@ -74,29 +73,13 @@ def usable() -> bool:
     )
 
 
-class _Switch:
-    """Read by the fold for every entry; tests switch it off to fold one log both ways."""
-
-    __slots__ = ("on",)
-
-    def __init__(self) -> None:
-        self.on = usable()
-
-
-SWITCH: Final = _Switch()
-
-
-def set_enabled(on: bool) -> bool:
-    """Use the compiled fold when `on` and usable; returns the previous setting."""
-    before = SWITCH.on
-    SWITCH.on = on and usable()
-    return before
+_USABLE: Final = usable()
 
 
 def candidate(meta: ShardMeta, entry: LogEntry) -> list[PublishOutcome | OutcomeItem] | None:
     """The record's items when the compiled fold may try it: the entry is next in the log,
     its persistence time is one the reducer accepts, and every item is PUBLISHED."""
-    if not SWITCH.on or entry.position != meta.position + 1:
+    if not (SWITCH.on and _USABLE) or entry.position != meta.position + 1:
         return None
     if not meta.last_persisted_at_ms <= entry.persisted_at_ms < MAX_INSTANT_MS:
         return None
@@ -123,15 +106,9 @@ def fold(
     compiled fold does not take the record."""
     fold_published = native.fold_published
     assert fold_published is not None
-    dbs = {name: env.tables[table] for name, table in _TABLES.items()}
-
-    def get(table: str, key: bytes) -> bytes | None:
-        found: bytes | None = txn.get(key, None, dbs[table])
-        return found
-
     evidences = [item.result.evidence for item in items if isinstance(item.result, Published)]
     answer = fold_published(
-        get,
+        reader(env, txn),
         [
             (item.attempt_id, item.message_id, item.generation, _encoder.encode(evidence))
             for item, evidence in zip(items, evidences, strict=True)
@@ -142,16 +119,7 @@ def fold(
     if answer is None:
         return None
     writes, folded = answer
-    released: set[bytes] = set()
-    # Positional arguments: python-lmdb parses keywords through a dict (storage.base).
-    for name, key, value in writes:
-        db = dbs[name]
-        if value is None:
-            txn.delete(key, b"", db)
-            if name == "payloads":
-                released.add(key)
-        else:
-            txn.put(key, value, True, True, False, db)
+    released = put_rows(env, txn, writes)
     for _, _, _, _, tenant, queue, timer_key in folded:
         # DELIVERED is not live: the timer leaves the index (storage.indexes.index_timer).
         txn.delete(timer_index_key(tenant, queue, timer_key), b"", env.timer_index)

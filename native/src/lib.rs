@@ -5,6 +5,8 @@
 //! same answer for every input, which `tests/kernel/test_native.py` checks on generated
 //! input and the simulator checks on whole histories (`tests/project/test_compiled.py`).
 
+mod admissions;
+mod changes;
 mod outcomes;
 mod rows;
 
@@ -92,6 +94,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blake2b_hex, m)?)?;
     m.add_function(wrap_pyfunction!(is_sha256_hex, m)?)?;
     m.add_function(wrap_pyfunction!(outcomes::fold_published, m)?)?;
+    m.add_function(wrap_pyfunction!(admissions::fold_admitted, m)?)?;
     m.add("MESSAGE_FIELDS", outcomes::MESSAGE_FIELDS.to_vec())?;
     m.add("ATTEMPT_FIELDS", outcomes::ATTEMPT_FIELDS.to_vec())?;
     Ok(())

@@ -8,11 +8,10 @@
 //! of it each. The rows read come through `get` (the caller's write transaction), the rows
 //! changed go back as (table, key, framed bytes or None to delete); nothing is written here.
 
-use std::collections::HashMap;
-
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 
+use crate::changes::Changes;
 use crate::rows::{self, Row, FALSE, NIL};
 
 /// The stored field order of `kernel.model.Message` and `Attempt` this module relies on;
@@ -112,34 +111,6 @@ const OBLIGATIONS: &str = "obligations";
 const PAYLOADS: &str = "payloads";
 const USAGE: &str = "usage";
 
-/// Rows read or changed so far in this record, by (table, key): later items see them.
-struct Rows<'py, 'a> {
-    get: &'a Bound<'py, PyAny>,
-    changed: HashMap<(&'static str, Vec<u8>), Option<Vec<u8>>>,
-    order: Vec<(&'static str, Vec<u8>)>,
-}
-
-impl<'py> Rows<'py, '_> {
-    /// The framed bytes of a row, or None when absent.
-    fn read(&self, table: &'static str, key: &[u8]) -> PyResult<Option<Vec<u8>>> {
-        if let Some(found) = self.changed.get(&(table, key.to_vec())) {
-            return Ok(found.clone());
-        }
-        let value = self.get.call1((table, PyBytes::new(self.get.py(), key)))?;
-        if value.is_none() {
-            return Ok(None);
-        }
-        Ok(Some(value.cast::<PyBytes>()?.as_bytes().to_vec()))
-    }
-
-    fn write(&mut self, table: &'static str, key: &[u8], value: Option<Vec<u8>>) {
-        let at = (table, key.to_vec());
-        if self.changed.insert(at.clone(), value).is_none() {
-            self.order.push(at);
-        }
-    }
-}
-
 /// What the caller needs of each item to build its outcome and its claim's release.
 struct Folded {
     claim_id: String,
@@ -166,7 +137,7 @@ fn pair_row(a: i64, b: i64) -> Vec<u8> {
 
 /// One item; None when it is not the common case (nothing of the record is then used).
 fn fold_item(
-    rows: &mut Rows<'_, '_>,
+    rows: &mut Changes<'_, '_>,
     attempt_id: &str,
     message_id: &str,
     generation: i64,
@@ -305,11 +276,7 @@ pub fn fold_published<'py>(
     position: i64,
     persisted_at_ms: i64,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let mut rows = Rows {
-        get,
-        changed: HashMap::new(),
-        order: Vec::new(),
-    };
+    let mut rows = Changes::new(get);
     let mut folded = Vec::with_capacity(items.len());
     for (attempt_id, message_id, generation, evidence) in &items {
         if !rows::is_one_value(evidence) {
@@ -328,12 +295,7 @@ pub fn fold_published<'py>(
             None => return Ok(None),
         }
     }
-    let writes = PyList::empty(py);
-    for at in &rows.order {
-        let value = rows.changed.get(at).and_then(|v| v.as_deref());
-        let value = value.map(|v| PyBytes::new(py, v).into_any());
-        writes.append((at.0, PyBytes::new(py, &at.1), value))?;
-    }
+    let writes = rows.writes(py)?;
     let results = PyList::empty(py);
     for f in folded {
         results.append((

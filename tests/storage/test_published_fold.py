@@ -1,4 +1,4 @@
-"""The compiled fold of PUBLISHED outcomes against the Python kernel, its reference.
+"""The compiled folds of Admissions and PUBLISHED outcomes against the Python kernel.
 
 The rule (specs/compiled.md): a record the compiled fold takes must leave every row, every
 byte of the store and every effect exactly as the kernel's reducer leaves them, and a record
@@ -30,7 +30,7 @@ from nereus.kernel import native
 from nereus.kernel.model import Attempt, Message, PayloadRef, Table, TenantUsage, Value
 from nereus.kernel.records import PublishResult
 from nereus.kernel.state import MappingBase
-from nereus.storage import published
+from nereus.storage import compiled_rows, published
 from nereus.storage.codec import encode_row
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
@@ -253,11 +253,11 @@ def _dump(store: ShardStore) -> dict[bytes, dict[bytes, bytes]]:
 
 @contextmanager
 def _compiled(on: bool) -> Iterator[None]:
-    before = published.set_enabled(on)
+    before = compiled_rows.set_enabled(on)
     try:
         yield
     finally:
-        published.set_enabled(before)
+        compiled_rows.set_enabled(before)
 
 
 def _batched_outcomes(entries: list[k.LogEntry]) -> list[k.LogEntry]:
@@ -340,6 +340,9 @@ def fire_histories(draw: st.DrawFn) -> list[k.LogEntry]:
     back whole."""
     shard = Shard(config=strategies.CONFIG, check_invariants=False)
     keys = [f"k{i}" for i in range(draw(st.integers(1, 6)))]
+    # The worker's names in every string form msgspec has (the attempt rows Rust writes).
+    owner = draw(texts.filter(lambda t: "\x00" not in t))
+    fence_id = draw(st.none() | texts)
     for _ in range(draw(st.integers(1, 6))):
         for key in draw(st.lists(st.sampled_from(keys), max_size=4)):
             tenant = "acme" if key < "k3" else "globex"
@@ -366,12 +369,13 @@ def fire_histories(draw: st.DrawFn) -> list[k.LogEntry]:
                 generation=message.generation,
                 version=message.version,
                 attempt_id=f"{k.attempt_prefix(message.message_id, message.generation)}{sequence}",
-                claim_id=f"claim-{sequence}",
-                owner="node-a",
-                descriptor_hash="d" * 16,
+                claim_id=f"{draw(texts)}:{sequence}",
+                owner=owner,
+                descriptor_hash=draw(st.sampled_from(["d" * 16, "e" * 64])),
                 capability=message.capability,
                 interval=k.TrustedInterval(shard.now_ms - 5, shard.now_ms + 5),
                 capacity=k.Capacity(True),
+                fence_id=fence_id,
             )
             if shard.apply(admission).code is k.Code.ADMITTED:
                 attempts.append(admission.attempt_id)
@@ -415,15 +419,18 @@ def test_fire_histories_fold_to_the_same_store_with_and_without_the_compiled_fol
 def test_the_fires_outcome_batch_takes_the_compiled_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The shape every fire ends in is the one the compiled fold is for: if it fell back
-    to the reducer, the path would be dead code that the comparisons above pass trivially."""
+    """The shapes a fire is made of are the ones the compiled folds are for: if they fell
+    back to the reducer, the paths would be dead code that the comparisons above pass
+    trivially."""
     entries = _fire_history()
-    calls = _Calls(native.fold_published)
-    monkeypatch.setattr(native, "fold_published", calls)
+    outcomes = _Calls(native.fold_published)
+    admissions = _Calls(native.fold_admitted)
+    monkeypatch.setattr(native, "fold_published", outcomes)
+    monkeypatch.setattr(native, "fold_admitted", admissions)
     reference = _fold_into(tmp_path / "reference", entries, 1_000, on=False)
-    assert calls.taken == 0
+    assert (admissions.taken, outcomes.taken) == (0, 0)
     compiled = _fold_into(tmp_path / "compiled", entries, 1_000, on=True)
-    assert calls.taken == 1
+    assert (admissions.taken, outcomes.taken) == (3, 1)
     assert compiled == reference
 
 

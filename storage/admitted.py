@@ -1,0 +1,225 @@
+"""The fold of Admissions in compiled code, and when it may be used.
+
+Theory of operation: a fire's first record is a PUBLISH_ADMISSIONS_V1 whose items admit
+SCHEDULED timers. The Python kernel (`kernel.mutations.admission`) is the rule;
+`kernel.native.fold_admitted` (Rust) does the row work of its common case without building
+Python values: it reads the message row, checks that the attempt is new and that the
+message is SCHEDULED with timeline work, of the named generation and version, pinned to the
+named capability, and answers with the attempt, obligation and message rows, or None.
+
+The rest of the rule is checked here with the kernel's own functions, on what Rust read,
+before anything is written: the shard is active, the attempt id is the message's, the lane
+is not closed, the clock evidence admits (`kernel.timing.decide`) with capacity granted,
+and the persistence time lies in [actionAt, expireAt). A record any item of which fails
+any of this goes to the reducer whole. `usable` switches the path off when the lifecycle
+table no longer says what it does. `tests/storage/test_published_fold.py` folds generated
+histories both ways and compares every byte of the store and every effect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from nereus.kernel import native
+from nereus.kernel.codes import Code
+from nereus.kernel.effects import Effect, EntryOutcome, Publish, TimelineRemove
+from nereus.kernel.keys import attempt_prefix, lane_id, timeline_key
+from nereus.kernel.model import Attempt, Counters, Lane, Message, ShardMeta, Status, Table
+from nereus.kernel.records import (
+    AdmissionItem,
+    LogEntry,
+    PublishAdmission,
+    PublishAdmissions,
+    record_type_of,
+)
+from nereus.kernel.rules import rule
+from nereus.kernel.timing import MAX_INSTANT_MS, Decision, decide
+from nereus.kernel.validation import visible_at
+from nereus.storage.codec import decode_value, lane_index_key, timer_index_key
+from nereus.storage.compiled_rows import SWITCH, put_rows, reader
+from nereus.storage.env import Env
+
+_TAG: Final = record_type_of(PublishAdmission)
+_ADMITTED: Final = Code.ADMITTED
+_ADMIT: Final = Decision.ADMIT
+_LANES: Final = Table.LANES
+_TIMELINE: Final = Table.TIMELINE
+_encoder = msgspec.msgpack.Encoder()
+
+Item = PublishAdmission | AdmissionItem
+# Per item, from Rust: the message's new version, txn, deliverAt, actionAt, expireAt,
+# destination, tenant, queue, timer key.
+Read = tuple[int, str, int, int, int, str, str, str, str]
+
+
+def usable() -> bool:
+    """Whether the compiled fold exists, reads the rows as the model lays them out, and
+    does what the lifecycle table says an Admission of a SCHEDULED timer does."""
+    if native.fold_admitted is None:
+        return False
+    verdict = rule("admission", Status.SCHEDULED, "armed")
+    return (
+        Message.__struct_fields__ == native.MESSAGE_FIELDS
+        and Attempt.__struct_fields__ == native.ATTEMPT_FIELDS
+        and verdict.code is _ADMITTED
+        and verdict.to_status == Status.PUBLISHING
+        and not verdict.new_generation
+    )
+
+
+_USABLE: Final = usable()
+
+
+def candidate(meta: ShardMeta, entry: LogEntry) -> list[Item] | None:
+    """The record's items when the compiled fold may try it: the entry is next in the log
+    with a persistence time the reducer accepts, the shard is active, and every item's
+    attempt id is its message's and its capacity granted."""
+    if not (SWITCH.on and _USABLE) or entry.position != meta.position + 1:
+        return None
+    if not meta.last_persisted_at_ms <= entry.persisted_at_ms < MAX_INSTANT_MS:
+        return None
+    if meta.shard_status != "ACTIVE_FOR_COMMANDS":
+        return None
+    record = entry.record
+    if isinstance(record, PublishAdmissions):
+        items: list[Item] = list(record.items)
+    elif isinstance(record, PublishAdmission):
+        items = [record]
+    else:
+        return None
+    if not items:
+        return None
+    for item in items:
+        if not item.capacity.granted:
+            return None
+        if not item.attempt_id.startswith(attempt_prefix(item.message_id, item.generation)):
+            return None
+    return items
+
+
+def fold(
+    env: Env, txn: Any, meta: ShardMeta, entry: LogEntry, items: list[Item]
+) -> tuple[ShardMeta, tuple[Effect, ...], set[bytes]] | None:
+    """Fold the entry into `txn` through the compiled path: the new meta, the effects and
+    the payload digests released (none: an Admission keeps its payload). None (nothing
+    written) when the compiled fold does not take the record."""
+    fold_admitted = native.fold_admitted
+    assert fold_admitted is not None
+    record = entry.record
+    assert isinstance(record, PublishAdmission | PublishAdmissions)
+    answer = fold_admitted(
+        reader(env, txn),
+        [
+            (
+                i.attempt_id,
+                i.message_id,
+                i.generation,
+                i.version,
+                i.claim_id,
+                i.descriptor_hash,
+                _encoder.encode(i.capability),
+            )
+            for i in items
+        ],
+        record.owner,
+        record.fence_id,
+        entry.position,
+        entry.persisted_at_ms,
+    )
+    if answer is None:
+        return None
+    writes, read = answer
+    if not _admits(env, txn, record, entry.persisted_at_ms, read):
+        return None
+    put_rows(env, txn, writes)
+    effects: list[Effect] = []
+    for index, (item, row) in enumerate(zip(items, read, strict=True)):
+        key = _leave_timeline(env, txn, item, row)
+        effects.extend(_item_effects(entry.position, index, item, row, key))
+    return _meta(meta, entry, len(items)), tuple(effects), set()
+
+
+def _admits(
+    env: Env, txn: Any, record: PublishAdmission | PublishAdmissions, bp_ms: int, read: list[Read]
+) -> bool:
+    """The rest of the Admission rule (`kernel.mutations._admission_refusal`) for every
+    item: the lane's gate, the clock evidence, the persistence time."""
+    for _, _, _, action_at_ms, expire_at_ms, _, tenant, queue, _ in read:
+        raw = txn.get(lane_id(tenant, queue).encode(), None, env.tables[_LANES])
+        if raw is not None:
+            lane = decode_value(_LANES, raw, env.data_file, lane_id(tenant, queue).encode())
+            if isinstance(lane, Lane) and lane.gate == "CLOSED":
+                return False
+        if decide(record.interval, action_at_ms, expire_at_ms) is not _ADMIT:
+            return False
+        if not action_at_ms <= bp_ms < expire_at_ms:
+            return False
+    return True
+
+
+def _leave_timeline(env: Env, txn: Any, item: Item, row: Read) -> bytes:
+    """The admitted timer's timeline row and its lane index entry go; its timer index entry
+    stays (PUBLISHING is live: storage.indexes). Returns the timeline key."""
+    _, _, _, action_at_ms, _, _, tenant, queue, timer_key = row
+    key = timeline_key(action_at_ms, item.message_id, item.generation)
+    txn.delete(key, b"", env.tables[_TIMELINE])
+    txn.delete(lane_index_key(tenant, queue, key), b"", env.lane_timeline)
+    index_key = timer_index_key(tenant, queue, timer_key)
+    message_key = item.message_id.encode()
+    if txn.get(index_key, None, env.timer_index) != message_key:
+        txn.put(index_key, message_key, True, True, False, env.timer_index)
+    return key
+
+
+def _item_effects(
+    position: int, index: int, item: Item, row: Read, key: bytes
+) -> tuple[Effect, ...]:
+    """One item's outcome, timeline removal and Publish, as the reducer emits them."""
+    version, txn_id, deliver_at_ms, action_at_ms, _, destination, _, _, _ = row
+    outcome = EntryOutcome(
+        position,
+        _TAG,
+        True,
+        _ADMITTED,
+        item.message_id,
+        item.generation,
+        version,
+        txn_id,
+        deliver_at_ms,
+        item.attempt_id,
+        None,
+        index,
+    )
+    publish = Publish(
+        position=position,
+        attempt_id=item.attempt_id,
+        message_id=item.message_id,
+        generation=item.generation,
+        claim_id=item.claim_id,
+        descriptor_hash=item.descriptor_hash,
+        destination=destination,
+        action_at_ms=action_at_ms,
+        deliver_at_ms=deliver_at_ms,
+        visible_at_ms=visible_at(deliver_at_ms, item.capability),
+    )
+    return outcome, TimelineRemove(key), publish
+
+
+def _meta(meta: ShardMeta, entry: LogEntry, n: int) -> ShardMeta:
+    """The meta after `n` SCHEDULED timers were admitted, each with a PUBLISHING attempt."""
+    c = meta.counters
+    counters = msgspec.structs.replace(
+        c,
+        scheduled=c.scheduled - n,
+        publishing=c.publishing + n,
+        attempts_publishing=c.attempts_publishing + n,
+    )
+    assert isinstance(counters, Counters)
+    return ShardMeta(
+        entry.position,
+        max(entry.persisted_at_ms, meta.last_persisted_at_ms),
+        meta.shard_status,
+        counters,
+    )

@@ -1,0 +1,64 @@
+"""What the compiled folds of the hot records share (`storage.published`, `storage.admitted`).
+
+Theory of operation: each compiled fold is handed a way to read a stored row (`reader`:
+the framed bytes in the fold's own write transaction) and answers with rows to put or
+delete, which `put_rows` writes into the same transaction. `SWITCH` turns every compiled
+fold off at once: the tests fold one log with and without them and compare the stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from nereus.kernel.model import Table
+from nereus.storage.env import Env
+
+_TABLES: Final[dict[str, Table]] = {table.value: table for table in Table}
+
+
+class _Switch:
+    """Whether the compiled folds may run; each also needs its own `usable()`."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on = True
+
+
+SWITCH: Final = _Switch()
+
+
+def set_enabled(on: bool) -> bool:
+    """Let the compiled folds run (or not); returns the previous setting."""
+    before = SWITCH.on
+    SWITCH.on = on
+    return before
+
+
+def reader(env: Env, txn: Any) -> Callable[[str, bytes], bytes | None]:
+    """`get(table name, key)`: a row's stored (framed) bytes in `txn`, or None."""
+    dbs = {name: env.tables[table] for name, table in _TABLES.items()}
+
+    def get(table: str, key: bytes) -> bytes | None:
+        found: bytes | None = txn.get(key, None, dbs[table])
+        return found
+
+    return get
+
+
+def put_rows(env: Env, txn: Any, writes: list[tuple[str, bytes, bytes | None]]) -> set[bytes]:
+    """Write a compiled fold's answer; returns the payload digests whose reference row was
+    deleted (for the payload collection that follows every fold)."""
+    released: set[bytes] = set()
+    tables = env.tables
+    # Positional arguments: python-lmdb parses keywords through a dict (storage.base).
+    for name, key, value in writes:
+        db = tables[_TABLES[name]]
+        if value is None:
+            txn.delete(key, b"", db)
+            if name == "payloads":
+                released.add(key)
+        else:
+            txn.put(key, value, True, True, False, db)
+    return released
