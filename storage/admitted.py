@@ -26,7 +26,7 @@ from nereus.kernel import native
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import Effect, EntryOutcome, Publish, TimelineRemove
 from nereus.kernel.keys import attempt_prefix, lane_id, timeline_key
-from nereus.kernel.model import Attempt, Counters, Lane, Message, ShardMeta, Status, Table
+from nereus.kernel.model import Lane, ShardMeta, Status, Table
 from nereus.kernel.records import (
     AdmissionItem,
     LogEntry,
@@ -35,10 +35,16 @@ from nereus.kernel.records import (
     record_type_of,
 )
 from nereus.kernel.rules import rule
-from nereus.kernel.timing import MAX_INSTANT_MS, Decision, decide
+from nereus.kernel.timing import Decision, decide
 from nereus.kernel.validation import visible_at
 from nereus.storage.codec import decode_value, lane_index_key, timer_index_key
-from nereus.storage.compiled_rows import SWITCH, put_rows, reader
+from nereus.storage.compiled_rows import (
+    layout_matches,
+    may_fold,
+    next_meta,
+    put_rows,
+    reader,
+)
 from nereus.storage.env import Env
 
 _TAG: Final = record_type_of(PublishAdmission)
@@ -61,8 +67,7 @@ def usable() -> bool:
         return False
     verdict = rule("admission", Status.SCHEDULED, "armed")
     return (
-        Message.__struct_fields__ == native.MESSAGE_FIELDS
-        and Attempt.__struct_fields__ == native.ATTEMPT_FIELDS
+        layout_matches()
         and verdict.code is _ADMITTED
         and verdict.to_status == Status.PUBLISHING
         and not verdict.new_generation
@@ -76,9 +81,7 @@ def candidate(meta: ShardMeta, entry: LogEntry) -> list[Item] | None:
     """The record's items when the compiled fold may try it: the entry is next in the log
     with a persistence time the reducer accepts, the shard is active, and every item's
     attempt id is its message's and its capacity granted."""
-    if not (SWITCH.on and _USABLE) or entry.position != meta.position + 1:
-        return None
-    if not meta.last_persisted_at_ms <= entry.persisted_at_ms < MAX_INSTANT_MS:
+    if not may_fold(_USABLE, meta, entry):
         return None
     if meta.shard_status != "ACTIVE_FOR_COMMANDS":
         return None
@@ -209,17 +212,4 @@ def _item_effects(
 
 def _meta(meta: ShardMeta, entry: LogEntry, n: int) -> ShardMeta:
     """The meta after `n` SCHEDULED timers were admitted, each with a PUBLISHING attempt."""
-    c = meta.counters
-    counters = msgspec.structs.replace(
-        c,
-        scheduled=c.scheduled - n,
-        publishing=c.publishing + n,
-        attempts_publishing=c.attempts_publishing + n,
-    )
-    assert isinstance(counters, Counters)
-    return ShardMeta(
-        entry.position,
-        max(entry.persisted_at_ms, meta.last_persisted_at_ms),
-        meta.shard_status,
-        counters,
-    )
+    return next_meta(meta, entry, {"scheduled": -n, "publishing": n, "attempts_publishing": n})

@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from nereus.kernel.model import Table
+import msgspec
+
+from nereus.kernel import native
+from nereus.kernel.model import Attempt, Counters, Message, ShardMeta, Table
+from nereus.kernel.records import LogEntry
+from nereus.kernel.timing import MAX_INSTANT_MS
 from nereus.storage.env import Env
 
 _TABLES: Final[dict[str, Table]] = {table.value: table for table in Table}
@@ -34,6 +39,26 @@ def set_enabled(on: bool) -> bool:
     before = SWITCH.on
     SWITCH.on = on
     return before
+
+
+def layout_matches() -> bool:
+    """Whether the crate reads message and attempt rows in the model's field order."""
+    return (
+        Message.__struct_fields__ == native.MESSAGE_FIELDS
+        and Attempt.__struct_fields__ == native.ATTEMPT_FIELDS
+    )
+
+
+def may_fold(usable: bool, meta: ShardMeta, entry: LogEntry) -> bool:
+    """Whether a compiled fold that is `usable` may try `entry`: the folds are on, and the
+    entry is next in the log with a persistence time the reducer accepts (the reducer's
+    own checks before any record is looked at)."""
+    return (
+        SWITCH.on
+        and usable
+        and entry.position == meta.position + 1
+        and meta.last_persisted_at_ms <= entry.persisted_at_ms < MAX_INSTANT_MS
+    )
 
 
 def reader(env: Env, txn: Any) -> Callable[[str, bytes], bytes | None]:
@@ -62,3 +87,20 @@ def put_rows(env: Env, txn: Any, writes: list[tuple[str, bytes, bytes | None]]) 
         else:
             txn.put(key, value, True, True, False, db)
     return released
+
+
+def next_meta(meta: ShardMeta, entry: LogEntry, deltas: dict[str, int]) -> ShardMeta:
+    """The meta after `entry`, its counters moved by `deltas`: what `kernel.step.Step.finish`
+    makes of an applied entry."""
+    counters = meta.counters
+    if deltas:
+        values = msgspec.structs.asdict(counters)
+        for name, delta in deltas.items():
+            values[name] += delta
+        counters = Counters(**values)
+    return ShardMeta(
+        entry.position,
+        max(entry.persisted_at_ms, meta.last_persisted_at_ms),
+        meta.shard_status,
+        counters,
+    )

@@ -28,10 +28,7 @@ from nereus.kernel import native
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import Effect, EntryOutcome, RevokeClaim
 from nereus.kernel.model import (
-    Attempt,
     AttemptStatus,
-    Counters,
-    Message,
     ShardMeta,
     Status,
 )
@@ -45,9 +42,14 @@ from nereus.kernel.records import (
     record_type_of,
 )
 from nereus.kernel.rules import attempt_rule, rule
-from nereus.kernel.timing import MAX_INSTANT_MS
 from nereus.storage.codec import timer_index_key
-from nereus.storage.compiled_rows import SWITCH, put_rows, reader
+from nereus.storage.compiled_rows import (
+    layout_matches,
+    may_fold,
+    next_meta,
+    put_rows,
+    reader,
+)
 from nereus.storage.env import Env
 
 _TAG: Final = record_type_of(PublishOutcome)
@@ -63,8 +65,7 @@ def usable() -> bool:
     message_rule = rule("outcome_published", Status.PUBLISHING, "-")
     attempt = attempt_rule(AttemptStatus.PUBLISHING, "PUBLISHED")
     return (
-        Message.__struct_fields__ == native.MESSAGE_FIELDS
-        and Attempt.__struct_fields__ == native.ATTEMPT_FIELDS
+        layout_matches()
         and message_rule.code is _RECORDED
         and message_rule.to_status == Status.DELIVERED
         and not message_rule.new_generation
@@ -79,9 +80,7 @@ _USABLE: Final = usable()
 def candidate(meta: ShardMeta, entry: LogEntry) -> list[PublishOutcome | OutcomeItem] | None:
     """The record's items when the compiled fold may try it: the entry is next in the log,
     its persistence time is one the reducer accepts, and every item is PUBLISHED."""
-    if not (SWITCH.on and _USABLE) or entry.position != meta.position + 1:
-        return None
-    if not meta.last_persisted_at_ms <= entry.persisted_at_ms < MAX_INSTANT_MS:
+    if not may_fold(_USABLE, meta, entry):
         return None
     record = entry.record
     if isinstance(record, PublishOutcomes):
@@ -159,18 +158,13 @@ def _effects(
 
 def _meta(meta: ShardMeta, entry: LogEntry, n: int) -> ShardMeta:
     """The meta after `n` attempts and their messages went from PUBLISHING to delivered."""
-    c = meta.counters
-    counters = msgspec.structs.replace(
-        c,
-        publishing=c.publishing - n,
-        delivered=c.delivered + n,
-        attempts_publishing=c.attempts_publishing - n,
-        attempts_published=c.attempts_published + n,
-    )
-    assert isinstance(counters, Counters)
-    return ShardMeta(
-        entry.position,
-        max(entry.persisted_at_ms, meta.last_persisted_at_ms),
-        meta.shard_status,
-        counters,
+    return next_meta(
+        meta,
+        entry,
+        {
+            "publishing": -n,
+            "delivered": n,
+            "attempts_publishing": -n,
+            "attempts_published": n,
+        },
     )

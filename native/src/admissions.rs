@@ -13,34 +13,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::changes::Changes;
+use crate::fields::*;
 use crate::rows::{self, Row, NIL};
-
-// Message fields by position (`outcomes::MESSAGE_FIELDS`).
-const M_TENANT: usize = 1;
-const M_QUEUE: usize = 2;
-const M_TIMER_KEY: usize = 3;
-const M_GENERATION: usize = 4;
-const M_VERSION: usize = 5;
-const M_STATUS: usize = 6;
-const M_TXN: usize = 7;
-const M_DESTINATION: usize = 12;
-const M_CAPABILITY: usize = 13;
-const M_DELIVER_AT: usize = 16;
-const M_EXPIRE_AT: usize = 17;
-const M_ACTION_AT: usize = 18;
-const M_HAS_WORK: usize = 19;
-const M_ATTEMPTS_ADMITTED: usize = 21;
-const M_OPEN_ATTEMPTS: usize = 24;
-const M_LAST_ATTEMPT: usize = 27;
-const M_UPDATED_AT: usize = 31;
-const M_UPDATED_POSITION: usize = 33;
-const M_MIN_FIELDS: usize = 34;
-const M_FIELDS: usize = 35;
-const A_FIELDS: usize = 16;
-
-const ATTEMPTS: &str = "attempts";
-const MESSAGES: &str = "messages";
-const OBLIGATIONS: &str = "obligations";
 
 const TRUE: u8 = 0xc3;
 

@@ -7,6 +7,7 @@
 
 mod admissions;
 mod changes;
+mod fields;
 mod outcomes;
 mod rows;
 
@@ -95,7 +96,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_sha256_hex, m)?)?;
     m.add_function(wrap_pyfunction!(outcomes::fold_published, m)?)?;
     m.add_function(wrap_pyfunction!(admissions::fold_admitted, m)?)?;
-    m.add("MESSAGE_FIELDS", outcomes::MESSAGE_FIELDS.to_vec())?;
-    m.add("ATTEMPT_FIELDS", outcomes::ATTEMPT_FIELDS.to_vec())?;
+    m.add("MESSAGE_FIELDS", fields::MESSAGE_FIELDS.to_vec())?;
+    m.add("ATTEMPT_FIELDS", fields::ATTEMPT_FIELDS.to_vec())?;
     Ok(())
 }

@@ -12,104 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::changes::Changes;
+use crate::fields::*;
 use crate::rows::{self, Row, FALSE, NIL};
-
-/// The stored field order of `kernel.model.Message` and `Attempt` this module relies on;
-/// `storage.compiled` compares them with the model at import and does not use this path
-/// when they differ.
-pub const MESSAGE_FIELDS: [&str; 35] = [
-    "message_id",
-    "tenant",
-    "queue",
-    "timer_key",
-    "generation",
-    "version",
-    "status",
-    "txn",
-    "payload_digest",
-    "payload_size",
-    "partition_key",
-    "headers",
-    "destination",
-    "capability",
-    "producer_sub",
-    "encrypted",
-    "deliver_at_ms",
-    "expire_at_ms",
-    "action_at_ms",
-    "has_work",
-    "request_digest",
-    "attempts_admitted",
-    "attempts_spent",
-    "failures",
-    "open_attempts",
-    "uncertain_retries",
-    "last_error",
-    "last_attempt_id",
-    "delivered_attempt_id",
-    "evidence",
-    "created_at_ms",
-    "updated_at_ms",
-    "created_position",
-    "updated_position",
-    "dead_letter_evidence",
-];
-
-pub const ATTEMPT_FIELDS: [&str; 16] = [
-    "attempt_id",
-    "message_id",
-    "generation",
-    "status",
-    "destination",
-    "descriptor_hash",
-    "claim_id",
-    "owner",
-    "admitted_position",
-    "admitted_at_ms",
-    "resolved_position",
-    "resolved_at_ms",
-    "disposition",
-    "error_code",
-    "evidence",
-    "fence_id",
-];
-
-// Message fields by position.
-const M_TENANT: usize = 1;
-const M_QUEUE: usize = 2;
-const M_TIMER_KEY: usize = 3;
-const M_GENERATION: usize = 4;
-const M_VERSION: usize = 5;
-const M_STATUS: usize = 6;
-const M_TXN: usize = 7;
-const M_PAYLOAD_DIGEST: usize = 8;
-const M_PAYLOAD_SIZE: usize = 9;
-const M_DELIVER_AT: usize = 16;
-const M_HAS_WORK: usize = 19;
-const M_OPEN_ATTEMPTS: usize = 24;
-const M_DELIVERED_ATTEMPT: usize = 28;
-const M_EVIDENCE: usize = 29;
-const M_UPDATED_AT: usize = 31;
-const M_UPDATED_POSITION: usize = 33;
-// The fields a message row has always had: only the dead-letter evidence came later.
-const M_MIN_FIELDS: usize = 34;
-
-// Attempt fields by position.
-const A_MESSAGE_ID: usize = 1;
-const A_GENERATION: usize = 2;
-const A_STATUS: usize = 3;
-const A_CLAIM_ID: usize = 6;
-const A_RESOLVED_POSITION: usize = 10;
-const A_RESOLVED_AT: usize = 11;
-const A_ERROR_CODE: usize = 13;
-const A_EVIDENCE: usize = 14;
-const A_MIN_FIELDS: usize = 10;
-
-const ATTEMPTS: &str = "attempts";
-const MESSAGES: &str = "messages";
-const OBLIGATIONS: &str = "obligations";
-const PAYLOADS: &str = "payloads";
-const USAGE: &str = "usage";
 
 /// What the caller needs of each item to build its outcome and its claim's release.
 struct Folded {
@@ -157,10 +61,10 @@ fn fold_item(
     let Some(message_body) = rows::unframe(&message_raw) else {
         return Ok(None);
     };
-    let Some(attempt) = Row::parse(attempt_body, A_MIN_FIELDS, ATTEMPT_FIELDS.len()) else {
+    let Some(attempt) = Row::parse(attempt_body, A_MIN_FIELDS, A_FIELDS) else {
         return Ok(None);
     };
-    let Some(message) = Row::parse(message_body, M_MIN_FIELDS, MESSAGE_FIELDS.len()) else {
+    let Some(message) = Row::parse(message_body, M_MIN_FIELDS, M_FIELDS) else {
         return Ok(None);
     };
     let common = attempt.is(A_STATUS, &rows::str("PUBLISHING"))
@@ -214,7 +118,7 @@ fn fold_item(
     }
 
     let resolved = attempt.rewrite(
-        ATTEMPT_FIELDS.len(),
+        A_FIELDS,
         &[
             (A_STATUS, rows::str("PUBLISHED")),
             (A_RESOLVED_POSITION, rows::int(position)),
@@ -224,7 +128,7 @@ fn fold_item(
         ],
     );
     let delivered = message.rewrite(
-        MESSAGE_FIELDS.len(),
+        M_FIELDS,
         &[
             (M_VERSION, rows::int(version + 1)),
             (M_UPDATED_AT, rows::int(persisted_at_ms)),
