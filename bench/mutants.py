@@ -33,6 +33,9 @@ class Mutant:
     # A narrower set for the quick run (CI), stopping at the first failure; empty: the
     # mutant is not in the quick run.
     quick_tests: tuple[str, ...] = ()
+    # Run with the Rust module built from the mutated tree (`NEREUS_PURE_PYTHON=rust`): a
+    # mutant of the crate, or of Python that runs only beside it (the compiled folds).
+    rust: bool = False
 
 
 def one(file: str, snippet: str, replacement: str) -> tuple[Edit, ...]:
@@ -1001,6 +1004,62 @@ CONSUMERS = (
     ),
 )
 
+# The compiled folds of the fire's records (issue 34): each must write what the reducer
+# writes, so each of these is caught by folding one log with and without them.
+FOLD_TESTS = ("tests/storage/test_published_fold.py", "tests/storage/test_storage_contract.py")
+ADMISSION_FOLD_TESTS = ("tests/storage/test_compiled_refusals.py", *FOLD_TESTS)
+COMPILED_FOLDS: tuple[Mutant, ...] = (
+    Mutant(
+        "X1",
+        "the compiled fold of a PUBLISHED outcome leaves its attempt counted open (Rust)",
+        "P7 replay agrees: the compiled fold writes exactly what the reducer writes",
+        one(
+            "native/src/outcomes.rs",
+            "            (M_OPEN_ATTEMPTS, rows::int(open - 1)),\n",
+            "            (M_OPEN_ATTEMPTS, rows::int(open)),\n",
+        ),
+        FOLD_TESTS,
+        rust=True,
+    ),
+    Mutant(
+        "X2",
+        "the compiled fold admits a timer pinned to another capability (Rust)",
+        "P1 never early: a handoff is sent only under the capability its timer was pinned to",
+        one(
+            "native/src/admissions.rs",
+            "        && message.is(M_HAS_WORK, &[TRUE])\n"
+            "        && message.is(M_CAPABILITY, &item.capability);\n",
+            "        && message.is(M_HAS_WORK, &[TRUE]);\n",
+        ),
+        ADMISSION_FOLD_TESTS,
+        rust=True,
+    ),
+    Mutant(
+        "X3",
+        "the compiled fold admits an Admission persisted before its action time",
+        "P1 never early: nothing is admitted before its action time",
+        one(
+            "storage/admitted.py",
+            "        if not action_at_ms <= bp_ms < expire_at_ms:\n",
+            "        if not bp_ms < expire_at_ms:\n",
+        ),
+        ADMISSION_FOLD_TESTS,
+        rust=True,
+    ),
+    Mutant(
+        "X4",
+        "the compiled fold admits into a closed lane",
+        "P7 replay agrees: the compiled fold decides as the reducer (a closed lane admits nothing)",
+        one(
+            "storage/admitted.py",
+            '            if isinstance(lane, Lane) and lane.gate == "CLOSED":\n',
+            '            if isinstance(lane, Lane) and lane.gate == "SHUT":\n',
+        ),
+        ADMISSION_FOLD_TESTS,
+        rust=True,
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -1019,4 +1078,5 @@ CATALOGUE: tuple[Mutant, ...] = (
     *READINESS,
     *ONE_CODE_LIST,
     *CONSUMERS,
+    *COMPILED_FOLDS,
 )

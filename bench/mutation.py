@@ -29,6 +29,7 @@ exactly once) or the baseline fails.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import json
 import os
 import re
@@ -139,10 +140,11 @@ def scratch_copy(into: Path) -> Path:
     return tree
 
 
-def _env(tree: Path) -> dict[str, str]:
+def _env(tree: Path, *, rust: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
-    env["NEREUS_PURE_PYTHON"] = "1"  # the source, never an extension
+    # The source, never an extension; with `rust`, the Rust module built from the tree.
+    env["NEREUS_PURE_PYTHON"] = "rust" if rust else "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # The broker addresses stay: a mutant of the Kafka edge (the send lease, the evidence
     # search) is caught by tests on the real broker, and without them those tests fail
@@ -150,7 +152,25 @@ def _env(tree: Path) -> dict[str, str]:
     return env
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], *, first_failure: bool) -> tuple[int, str]:
+def build_rust(tree: Path) -> None:
+    """Build the tree's crate (as it is now: mutated or not) into `nereus/` of the tree. The
+    cargo target directory is kept between runs, so each build compiles the crate alone."""
+    target = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nereus"
+    target = target / "mutation-target"
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet"],
+        cwd=tree / "native",
+        env={**os.environ, "CARGO_TARGET_DIR": str(target)},
+        check=True,
+        timeout=MUTANT_TIMEOUT_S,
+    )
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    shutil.copyfile(target / "release" / "lib_rust.so", tree / "nereus" / f"_rust{suffix}")
+
+
+def run_tests(
+    tree: Path, tests: tuple[str, ...], *, first_failure: bool, rust: bool = False
+) -> tuple[int, str]:
     command = [
         sys.executable,
         "-m",
@@ -167,7 +187,7 @@ def run_tests(tree: Path, tests: tuple[str, ...], *, first_failure: bool) -> tup
         done = subprocess.run(
             command,
             cwd=tree,
-            env=_env(tree),
+            env=_env(tree, rust=rust),
             capture_output=True,
             text=True,
             timeout=MUTANT_TIMEOUT_S,
@@ -214,16 +234,19 @@ def judge(
     started = time.monotonic()
     originals = _apply(tree, mutant)
     caught: list[str] = []
+    rust = mutant.rust
     try:
+        if rust:
+            build_rust(tree)
         if quick:
-            code, output = run_tests(tree, mutant.quick_tests, first_failure=True)
+            code, output = run_tests(tree, mutant.quick_tests, first_failure=True, rust=rust)
             caught = _caught(mutant.quick_tests, code, output)
         else:
             files = 0
             for test in mutant.tests:
                 if enough and files >= enough:
                     break
-                code, output = run_tests(tree, (test,), first_failure=not all_tests)
+                code, output = run_tests(tree, (test,), first_failure=not all_tests, rust=rust)
                 found = _caught((test,), code, output)
                 caught += found
                 files += bool(found)
@@ -335,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"baseline: {len(union)} test files, unmutated", file=sys.stderr, flush=True)
             code, output = run_tests(tree, union, first_failure=True)
+            if code == 0 and any(m.rust for m in chosen):
+                # The tests of the compiled folds skip without the Rust module: run them
+                # unmutated beside it too.
+                build_rust(tree)
+                beside = tuple(dict.fromkeys(t for m in chosen if m.rust for t in m.tests))
+                code, output = run_tests(tree, beside, first_failure=True, rust=True)
             if code != 0:
                 print(
                     f"mutation: the tests fail without any mutant:\n{output[-3000:]}",

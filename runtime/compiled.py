@@ -135,10 +135,15 @@ def _package_of(module_name: str) -> str:
 
 
 class _SourceFirst(MetaPathFinder):
+    def __init__(self, *, keep_rust: bool = False) -> None:
+        self.keep_rust = keep_rust
+
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         if fullname == NATIVE:
+            if self.keep_rust:
+                return None  # found where it was built, as in the compiled build
             # The source build runs the Python references of the Rust twins (kernel.native).
             raise ImportError(f"{NATIVE} is not imported by the source build", name=fullname)
         package = _package_of(fullname)
@@ -160,14 +165,16 @@ def _imported_compiled() -> list[str]:
     return sorted(names & sys.modules.keys())
 
 
-def prefer_source() -> None:
+def prefer_source(*, keep_rust: bool = False) -> None:
     """Import the compiled packages' modules from their .py files in this process. Must run
-    before any of them is first imported."""
+    before any of them is first imported. With `keep_rust`, the Rust module is still used
+    where it was built: the mutation tool runs a mutated crate (or Python that runs only
+    beside it) this way without compiling the rest of the program."""
     early = _imported_compiled()
     if early:
         raise RuntimeError(f"prefer_source() must run before these are imported: {early}")
     if not _source_first():
-        sys.meta_path.insert(0, _SourceFirst())
+        sys.meta_path.insert(0, _SourceFirst(keep_rust=keep_rust))
 
 
 def _source_first() -> bool:
@@ -175,7 +182,9 @@ def _source_first() -> bool:
 
 
 def from_environment() -> None:
-    """`NEREUS_PURE_PYTHON=1` in the environment: run the compiled packages from source.
+    """`NEREUS_PURE_PYTHON=1` in the environment: run the compiled packages from source
+    (`NEREUS_PURE_PYTHON=rust`: from source, but with the Rust module where it was built).
     Idempotent: every entry point may call it (the tests, the benches, the simulator)."""
-    if os.environ.get("NEREUS_PURE_PYTHON") and not _source_first():
-        prefer_source()
+    wanted = os.environ.get("NEREUS_PURE_PYTHON")
+    if wanted and not _source_first():
+        prefer_source(keep_rust=wanted == "rust")

@@ -40,6 +40,7 @@ KINDS = {
     "C": "one code list and one result shape (issue 32, item 4)",
     "U": "consumers at least once, woken across processes (issue 32, item 5)",
     "F": "the framing of stored values, in both builds (issue 34)",
+    "X": "the compiled folds of the fire's records, against the reducer (issue 34)",
 }
 
 
