@@ -21,13 +21,16 @@ from typing import Any
 import msgspec
 import pytest
 
+from nereus.kernel import native
 from nereus.kernel.digest import state_digest
 from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.model import Message, Table
 from nereus.replay.fold import obligations
 from nereus.replay.verify import first_difference
+from nereus.storage import compiled_rows
 from nereus.storage.jsonl import JsonlLog
 from nereus.storage.memory import MemoryStore
+from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 from tests.support.golden.make import RESULT_KINDS, kinds_in, record_tags
 
@@ -78,6 +81,49 @@ def test_the_export_decodes_and_replays_to_its_record(name: str) -> None:
     assert {t: found[t] for t in expected["made_with"]["record_tags"]} == expected["made_with"][
         "record_tags"
     ]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["reducer", "compiled folds"])
+@pytest.mark.parametrize("name", SETS)
+def test_the_log_folds_into_a_new_store_to_its_record(
+    name: str, compiled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the store's own fold, with the compiled folds of the fire's records
+    (`storage.admitted`, `storage.published`) on and off: the same verdicts, messages and
+    digest as recorded. With them on, they must have taken some of the log's records."""
+    if compiled and native.fold_admitted is None:
+        pytest.skip("the source build has no compiled folds")
+    expected = _expected(name)
+    log = JsonlLog(str(GOLDEN / name / "log.jsonl"))
+    taken: list[str] = []
+    for fold in ("fold_admitted", "fold_published"):
+        inner = getattr(native, fold)
+        if inner is None:
+            continue
+
+        def spy(*args: Any, _inner: Any = inner, _name: str = fold) -> Any:
+            answer = _inner(*args)
+            if answer is not None:
+                taken.append(_name)
+            return answer
+
+        monkeypatch.setattr(native, fold, spy)
+    before = compiled_rows.set_enabled(compiled)
+    try:
+        options = StoreOptions(max_batch_entries=64)
+        path = str(tmp_path / "store")
+        with ShardStore.open(path, config=log.header.config, options=options) as store:
+            applied = store.apply(list(log.entries()))
+            with store.state_view() as live:
+                digest = state_digest(live)
+                messages = _messages(live)
+    finally:
+        compiled_rows.set_enabled(before)
+    codes = [str(e.code) for _, fx in applied for e in fx if isinstance(e, EntryOutcome)]
+    assert codes == expected["codes"]
+    assert messages == expected["messages"]
+    assert digest == expected["digest"]
+    assert bool(taken) == compiled
 
 
 @pytest.mark.parametrize("name", SETS)
