@@ -25,7 +25,7 @@ import msgspec
 from nereus.kernel import native
 from nereus.kernel.codes import Code
 from nereus.kernel.effects import Effect, EntryOutcome, Publish, TimelineRemove
-from nereus.kernel.keys import attempt_prefix, lane_id, timeline_key
+from nereus.kernel.keys import attempt_prefix, lane_id, str_key, timeline_key
 from nereus.kernel.model import Lane, ShardMeta, Status, Table
 from nereus.kernel.records import (
     AdmissionItem,
@@ -37,7 +37,7 @@ from nereus.kernel.records import (
 from nereus.kernel.rules import rule
 from nereus.kernel.timing import Decision, decide
 from nereus.kernel.validation import visible_at
-from nereus.storage.codec import decode_value, lane_index_key, timer_index_key
+from nereus.storage.base import LmdbBase
 from nereus.storage.compiled_rows import (
     layout_matches,
     may_fold,
@@ -46,6 +46,7 @@ from nereus.storage.compiled_rows import (
     reader,
 )
 from nereus.storage.env import Env
+from nereus.storage.indexes import index_live_timer, unindex_lane
 
 _TAG: Final = record_type_of(PublishAdmission)
 _ADMITTED: Final = Code.ADMITTED
@@ -149,12 +150,11 @@ def _admits(
 ) -> bool:
     """The rest of the Admission rule (`kernel.mutations._admission_refusal`) for every
     item: the lane's gate, the clock evidence, the persistence time."""
+    lanes = LmdbBase(txn, env.tables, env.data_file)
     for _, _, _, action_at_ms, expire_at_ms, _, tenant, queue, _ in read:
-        raw = txn.get(lane_id(tenant, queue).encode(), None, env.tables[_LANES])
-        if raw is not None:
-            lane = decode_value(_LANES, raw, env.data_file, lane_id(tenant, queue).encode())
-            if isinstance(lane, Lane) and lane.gate == "CLOSED":
-                return False
+        lane = lanes.get(_LANES, str_key(lane_id(tenant, queue)))
+        if isinstance(lane, Lane) and lane.gate == "CLOSED":
+            return False
         if decide(record.interval, action_at_ms, expire_at_ms) is not _ADMIT:
             return False
         if not action_at_ms <= bp_ms < expire_at_ms:
@@ -168,11 +168,8 @@ def _leave_timeline(env: Env, txn: Any, item: Item, row: Read) -> bytes:
     _, _, _, action_at_ms, _, _, tenant, queue, timer_key = row
     key = timeline_key(action_at_ms, item.message_id, item.generation)
     txn.delete(key, b"", env.tables[_TIMELINE])
-    txn.delete(lane_index_key(tenant, queue, key), b"", env.lane_timeline)
-    index_key = timer_index_key(tenant, queue, timer_key)
-    message_key = item.message_id.encode()
-    if txn.get(index_key, None, env.timer_index) != message_key:
-        txn.put(index_key, message_key, True, True, False, env.timer_index)
+    unindex_lane(env, txn, tenant, queue, key)
+    index_live_timer(env, txn, tenant, queue, timer_key, message_key=item.message_id.encode())
     return key
 
 

@@ -40,7 +40,7 @@ def index_lane(env: Env, txn: Any, key: bytes, value: Value | None) -> None:
             return
         old = decode_value(_TIMELINE, raw, env.data_file, key)
         assert isinstance(old, TimelineWork)
-        txn.delete(lane_index_key(old.tenant, old.queue, key), db=env.lane_timeline)
+        unindex_lane(env, txn, old.tenant, old.queue, key)
     else:
         assert isinstance(value, TimelineWork)
         txn.put(lane_index_key(value.tenant, value.queue, key), b"", db=env.lane_timeline)
@@ -55,17 +55,34 @@ def index_timer(env: Env, txn: Any, key: bytes, value: Value | None) -> None:
             return
         value = decode_value(_MESSAGES, raw, env.data_file, key)
         assert isinstance(value, Message)
-        txn.delete(timer_index_key(value.tenant, value.queue, value.timer_key), db=env.timer_index)
+        unindex_timer(env, txn, value.tenant, value.queue, value.timer_key)
         return
     assert isinstance(value, Message)
-    index_key = timer_index_key(value.tenant, value.queue, value.timer_key)
     if value.status in LIVE_STATUSES:
-        # A live timer changing state keeps its entry: rewriting it would still copy
-        # and sync its page.
-        if txn.get(index_key, None, env.timer_index) != key:
-            txn.put(index_key, key, db=env.timer_index)
+        index_live_timer(env, txn, value.tenant, value.queue, value.timer_key, message_key=key)
     else:
-        txn.delete(index_key, db=env.timer_index)
+        unindex_timer(env, txn, value.tenant, value.queue, value.timer_key)
+
+
+def unindex_lane(env: Env, txn: Any, tenant: str, queue: str, key: bytes) -> None:
+    """The timeline row `key` of the lane (tenant, queue) is gone: so is its index entry."""
+    txn.delete(lane_index_key(tenant, queue, key), db=env.lane_timeline)
+
+
+def index_live_timer(
+    env: Env, txn: Any, tenant: str, queue: str, timer_key: str, *, message_key: bytes
+) -> None:
+    """A live timer names its message in the timer index."""
+    index_key = timer_index_key(tenant, queue, timer_key)
+    # A live timer changing state keeps its entry: rewriting it would still copy and sync
+    # its page.
+    if txn.get(index_key, None, env.timer_index) != message_key:
+        txn.put(index_key, message_key, db=env.timer_index)
+
+
+def unindex_timer(env: Env, txn: Any, tenant: str, queue: str, timer_key: str) -> None:
+    """A timer that is not live (or whose message row is gone) leaves the timer index."""
+    txn.delete(timer_index_key(tenant, queue, timer_key), db=env.timer_index)
 
 
 def check_indexes(env: Env) -> None:

@@ -42,7 +42,6 @@ from nereus.kernel.records import (
     record_type_of,
 )
 from nereus.kernel.rules import attempt_rule, rule
-from nereus.storage.codec import timer_index_key
 from nereus.storage.compiled_rows import (
     layout_matches,
     may_fold,
@@ -51,6 +50,7 @@ from nereus.storage.compiled_rows import (
     reader,
 )
 from nereus.storage.env import Env
+from nereus.storage.indexes import unindex_timer
 
 _TAG: Final = record_type_of(PublishOutcome)
 _RECORDED: Final = Code.OUTCOME_RECORDED
@@ -120,8 +120,7 @@ def fold(
     writes, folded = answer
     released = put_rows(env, txn, writes)
     for _, _, _, _, tenant, queue, timer_key in folded:
-        # DELIVERED is not live: the timer leaves the index (storage.indexes.index_timer).
-        txn.delete(timer_index_key(tenant, queue, timer_key), b"", env.timer_index)
+        unindex_timer(env, txn, tenant, queue, timer_key)  # DELIVERED is not live
     effects = _effects(entry.position, items, evidences, folded)
     return _meta(meta, entry, len(items)), effects, released
 
