@@ -1052,8 +1052,8 @@ COMPILED_FOLDS: tuple[Mutant, ...] = (
         "P7 replay agrees: the compiled fold decides as the reducer (a closed lane admits nothing)",
         one(
             "storage/admitted.py",
-            '            if isinstance(lane, Lane) and lane.gate == "CLOSED":\n',
-            '            if isinstance(lane, Lane) and lane.gate == "SHUT":\n',
+            '        if isinstance(lane, Lane) and lane.gate == "CLOSED":\n',
+            '        if isinstance(lane, Lane) and lane.gate == "SHUT":\n',
         ),
         ADMISSION_FOLD_TESTS,
         rust=True,
