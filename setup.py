@@ -54,6 +54,7 @@ COMPILED = [
     "nereus/storage/log_table.py",
     "nereus/storage/published.py",
     "nereus/storage/admitted.py",
+    "nereus/storage/scheduled.py",
     "nereus/storage/compiled_rows.py",
     "nereus/storage/reads.py",
     "nereus/storage/store.py",

@@ -1008,6 +1008,7 @@ CONSUMERS = (
 # writes, so each of these is caught by folding one log with and without them.
 FOLD_TESTS = ("tests/storage/test_published_fold.py", "tests/storage/test_storage_contract.py")
 ADMISSION_FOLD_TESTS = ("tests/storage/test_compiled_refusals.py", *FOLD_TESTS)
+SCHEDULE_FOLD_TESTS = ("tests/storage/test_scheduled_fold.py", *FOLD_TESTS)
 COMPILED_FOLDS: tuple[Mutant, ...] = (
     Mutant(
         "X1",
@@ -1056,6 +1057,30 @@ COMPILED_FOLDS: tuple[Mutant, ...] = (
             '        if isinstance(lane, Lane) and lane.gate == "SHUT":\n',
         ),
         ADMISSION_FOLD_TESTS,
+        rust=True,
+    ),
+    Mutant(
+        "X5",
+        "the compiled fold of a first schedule leaves the tenant's live count as it was (Rust)",
+        "P7 replay agrees: the compiled fold writes exactly what the reducer writes",
+        one(
+            "native/src/schedules.rs",
+            "            Some((live, bytes)) => (live + 1, bytes + size),\n",
+            "            Some((live, bytes)) => (live, bytes + size),\n",
+        ),
+        SCHEDULE_FOLD_TESTS,
+        rust=True,
+    ),
+    Mutant(
+        "X6",
+        "the compiled fold of a first schedule ignores a handoff's lead in its action time",
+        "P7 replay agrees: the compiled fold decides as the reducer (actionAt from the capability)",
+        one(
+            "storage/scheduled.py",
+            "    action_at_ms = action_at(deliver_at_ms, r.capability)\n",
+            "    action_at_ms = deliver_at_ms\n",
+        ),
+        SCHEDULE_FOLD_TESTS,
         rust=True,
     ),
 )

@@ -14,6 +14,7 @@ from typing import Final
 import msgspec
 
 from nereus.kernel.codes import Code
+from nereus.kernel.config import KernelConfig
 from nereus.kernel.keys import message_id
 from nereus.kernel.model import FRESH_GENERATION, Message, Status
 from nereus.kernel.native import blake2b_hex
@@ -53,8 +54,8 @@ def request_digest(kind: bytes, record: Schedule | Reschedule) -> str:
     return blake2b_hex(kind + msgspec.msgpack.encode(body), 16, b"")
 
 
-def _accepts_commands(step: Step) -> bool:
-    return step.shard_status != "FROZEN"
+def _accepts_commands(shard_status: str) -> bool:
+    return shard_status != "FROZEN"
 
 
 def _verdict_for(op: str, current: Message | None, condition: str) -> Rule:
@@ -97,45 +98,54 @@ def _too_late(step: Step, current: Message, txn: str | None = None) -> None:
     )
 
 
-def _timing(step: Step, r: Schedule | Reschedule) -> tuple[int, int] | None:
-    """The absolute (deliverAt, expireAt) of a command, validated against its persistence
-    time; None after recording the rejection."""
-    cfg = step.config
+def timing_of(bp_ms: int, r: Schedule | Reschedule, config: KernelConfig) -> tuple[int, int] | Code:
+    """The absolute (deliverAt, expireAt) of a command persisted at `bp_ms`, or the code
+    of the first timing rule it breaks. Only the command and its persistence time go in:
+    `storage.scheduled` runs the same check before its compiled fold."""
     timing = resolve_timing(
-        step.bp_ms,
+        bp_ms,
         deliver_at_ms=r.deliver_at_ms,
         delay_ms=r.delay_ms,
         expire_at_ms=r.expire_at_ms,
         lifetime_ms=r.lifetime_ms,
-        config=cfg,
+        config=config,
     )
     if isinstance(timing, Code):
+        return timing
+    return validate_timing(bp_ms, timing[0], timing[1], config.limits) or timing
+
+
+def _timing(step: Step, r: Schedule | Reschedule) -> tuple[int, int] | None:
+    """`timing_of` at the entry's persistence time; None after recording the rejection."""
+    timing = timing_of(step.bp_ms, r, step.config)
+    if isinstance(timing, Code):
         step.rejected(timing)
-        return None
-    code = validate_timing(step.bp_ms, timing[0], timing[1], cfg.limits)
-    if code is not None:
-        step.rejected(code)
         return None
     return timing
 
 
-def _check_command(step: Step, r: Schedule | Reschedule) -> Code | None:
+def check_command(shard_status: str, r: Schedule | Reschedule, config: KernelConfig) -> Code | None:
     """The checks every timing command starts with, in code-list order."""
     return (
-        (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE)
-        or check_identity(r.tenant, r.queue, r.timer_key, step.config)
-        or check_txn(r.txn, step.config)
+        (None if _accepts_commands(shard_status) else Code.SHARD_NOT_ACTIVE)
+        or check_identity(r.tenant, r.queue, r.timer_key, config)
+        or check_txn(r.txn, config)
+    )
+
+
+def check_schedule(shard_status: str, r: Schedule, config: KernelConfig) -> Code | None:
+    """The checks of a schedule that need only the command and the shard's state, in
+    code-list order (the compiled fold runs them too: `storage.scheduled`)."""
+    return (
+        check_command(shard_status, r, config)
+        or check_payload(r.payload_digest, r.payload_size, config)
+        or check_headers(r.headers, config)
+        or check_capability(r.capability, config)
     )
 
 
 def schedule(step: Step, r: Schedule) -> None:
-    cfg = step.config
-    code = (
-        _check_command(step, r)
-        or check_payload(r.payload_digest, r.payload_size, cfg)
-        or check_headers(r.headers, cfg)
-        or check_capability(r.capability, cfg)
-    )
+    code = check_schedule(step.shard_status, r, step.config)
     if code is not None:
         return step.rejected(code)
     mid = message_id(r.tenant, r.queue, r.timer_key)
@@ -209,7 +219,7 @@ def _replace_generation(
 
 
 def reschedule(step: Step, r: Reschedule) -> None:
-    code = _check_command(step, r)
+    code = check_command(step.shard_status, r, step.config)
     if code is not None:
         return step.rejected(code)
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))
@@ -251,9 +261,9 @@ def reschedule(step: Step, r: Reschedule) -> None:
 
 
 def cancel(step: Step, r: Cancel) -> None:
-    code = (None if _accepts_commands(step) else Code.SHARD_NOT_ACTIVE) or check_identity(
-        r.tenant, r.queue, r.timer_key, step.config
-    )
+    code = (
+        None if _accepts_commands(step.shard_status) else Code.SHARD_NOT_ACTIVE
+    ) or check_identity(r.tenant, r.queue, r.timer_key, step.config)
     if code is not None:
         return step.rejected(code, txn=r.txn)
     current = step.message(message_id(r.tenant, r.queue, r.timer_key))

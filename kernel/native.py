@@ -72,14 +72,20 @@ fold_published: Callable[..., Any] | None = None
 # The row work of Admissions of SCHEDULED timers; its reference is
 # `kernel.mutations.admission`, and `storage.admitted` checks the rest of the rule.
 fold_admitted: Callable[..., Any] | None = None
+# The row work of a first schedule of a timer key; its reference is
+# `kernel.commands.schedule`, and `storage.scheduled` checks the command itself.
+fold_scheduled: Callable[..., Any] | None = None
 # The stored field order that fold relies on, compared with the model before it is used.
 MESSAGE_FIELDS: tuple[str, ...] = ()
 ATTEMPT_FIELDS: tuple[str, ...] = ()
+TIMELINE_FIELDS: tuple[str, ...] = ()
 if _compiled is not None:
     fold_published = _compiled.fold_published
     fold_admitted = _compiled.fold_admitted
+    fold_scheduled = _compiled.fold_scheduled
     MESSAGE_FIELDS = tuple(_compiled.MESSAGE_FIELDS)
     ATTEMPT_FIELDS = tuple(_compiled.ATTEMPT_FIELDS)
+    TIMELINE_FIELDS = tuple(_compiled.TIMELINE_FIELDS)
     sha256_hex = _compiled.sha256_hex
     frame = _compiled.frame
     checksum_ok = _compiled.checksum_ok

@@ -123,6 +123,19 @@ MEMO_ROWS = 4096
 _MEMOS: dict[Table, _Memo] = {table: _Memo(MEMO_ROWS) for table in VALUE_TYPES}
 
 
+def remember(table: Table, data: bytes, value: Value) -> None:
+    """File a row made elsewhere (a compiled fold writes rows as bytes) under the value the
+    caller also holds, as `encode_row` files the rows it makes: the next read of those bytes
+    is not decoded. `value` must be what the bytes decode to; the compiled folds' tests
+    decode every row they filed and compare (`remembered`)."""
+    _MEMOS[table].put(data, value)
+
+
+def remembered(table: Table, data: bytes) -> Value | None:
+    """The value filed for these bytes, if any (without decoding them)."""
+    return _MEMOS[table].get(data)
+
+
 def encode_value(value: Value | msgspec.Struct) -> bytes:
     return frame(_encoder.encode(value))
 

@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from nereus.kernel import native
-from nereus.kernel.model import Attempt, Counters, Message, ShardMeta, Table
+from nereus.kernel.model import Attempt, Counters, Message, ShardMeta, Table, TimelineWork
 from nereus.kernel.records import LogEntry
 from nereus.kernel.timing import MAX_INSTANT_MS
 from nereus.storage.env import Env
@@ -42,10 +42,12 @@ def set_enabled(on: bool) -> bool:
 
 
 def layout_matches() -> bool:
-    """Whether the crate reads message and attempt rows in the model's field order."""
+    """Whether the crate reads and writes message, attempt and timeline rows in the
+    model's field order."""
     return (
         Message.__struct_fields__ == native.MESSAGE_FIELDS
         and Attempt.__struct_fields__ == native.ATTEMPT_FIELDS
+        and TimelineWork.__struct_fields__ == native.TIMELINE_FIELDS
     )
 
 
@@ -87,6 +89,19 @@ def put_rows(env: Env, txn: Any, writes: list[tuple[str, bytes, bytes | None]]) 
         else:
             txn.put(key, value, True, True, False, db)
     return released
+
+
+def put_by_table(env: Env, txn: Any, grouped: list[tuple[str, list[tuple[bytes, bytes]]]]) -> None:
+    """Write a compiled fold's puts grouped by table (the tables' names, or a derived
+    index's database name): one cursor call per table."""
+    for name, pairs in grouped:
+        if name == "lane_timeline":
+            db = env.lane_timeline
+        elif name == "timer_index":
+            db = env.timer_index
+        else:
+            db = env.tables[_TABLES[name]]
+        txn.cursor(db).putmulti(pairs)
 
 
 def next_meta(meta: ShardMeta, entry: LogEntry, deltas: dict[str, int]) -> ShardMeta:

@@ -26,7 +26,7 @@ from nereus.kernel.model import ShardMeta, Table, Value
 from nereus.kernel.records import CommandBatch, LogEntry, Payload, Schedule
 from nereus.kernel.reducer import reduce
 from nereus.kernel.state import State
-from nereus.storage import admitted, published
+from nereus.storage import admitted, published, scheduled
 from nereus.storage.base import LmdbBase
 from nereus.storage.codec import decode_struct, encode_entry, encode_row, encode_value, position_key
 from nereus.storage.env import Env
@@ -83,7 +83,12 @@ def fold_in(
         done = None
         outcomes = published.candidate(state.meta, entry)
         admissions = None if outcomes is not None else admitted.candidate(state.meta, entry)
-        if outcomes is not None or admissions is not None:
+        schedules = (
+            None
+            if outcomes is not None or admissions is not None
+            else scheduled.candidate(state.meta, entry)
+        )
+        if outcomes is not None or admissions is not None or schedules is not None:
             # The compiled fold reads the transaction: what the overlay holds goes there
             # first, and the State after it starts again over the transaction.
             if len(state.overlay):
@@ -93,6 +98,8 @@ def fold_in(
                 done = published.fold(env, txn, state.meta, entry, outcomes)
             elif admissions is not None:
                 done = admitted.fold(env, txn, state.meta, entry, admissions)
+            elif schedules is not None:
+                done = scheduled.fold(env, txn, state.meta, entry, schedules, config=config)
             if done is not None:
                 meta, effects, freed = done
                 released |= freed

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -75,6 +76,33 @@ impl<'py, 'a> Changes<'py, 'a> {
         if self.changed.insert(place(table, key), value).is_none() {
             self.order.push((table, key.to_vec()));
         }
+    }
+
+    /// The changes as puts grouped by table, tables in the order first written:
+    /// [(table, [(key, value), ...]), ...]. Only for a fold that deletes nothing.
+    pub fn puts_by_table(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut tables: Vec<(&'static str, Bound<'py, PyList>)> = Vec::new();
+        for at in &self.order {
+            let Some(Some(value)) = self.changed.get(&place(at.0, &at.1)) else {
+                return Err(PyValueError::new_err(
+                    "puts_by_table: the fold deleted a row",
+                ));
+            };
+            let pairs = match tables.iter().find(|(name, _)| *name == at.0) {
+                Some((_, pairs)) => pairs.clone(),
+                None => {
+                    let pairs = PyList::empty(py);
+                    tables.push((at.0, pairs.clone()));
+                    pairs
+                }
+            };
+            pairs.append((PyBytes::new(py, &at.1), PyBytes::new(py, value)))?;
+        }
+        let out = PyList::empty(py);
+        for entry in tables {
+            out.append(entry)?;
+        }
+        Ok(out)
     }
 
     /// The changes in the order first made, as (table, key, framed value or None).

@@ -62,8 +62,22 @@ pub const ATTEMPT_FIELDS: [&str; 16] = [
     "fence_id",
 ];
 
+/// `kernel.model.TimelineWork`'s fields in stored order.
+pub const TIMELINE_FIELDS: [&str; 9] = [
+    "kind",
+    "tenant",
+    "queue",
+    "message_id",
+    "generation",
+    "version",
+    "deliver_at_ms",
+    "expire_at_ms",
+    "payload_size",
+];
+
 pub const M_FIELDS: usize = MESSAGE_FIELDS.len();
 pub const A_FIELDS: usize = ATTEMPT_FIELDS.len();
+pub const T_FIELDS: usize = TIMELINE_FIELDS.len();
 // The fields a message row has always had: only the dead-letter evidence came later.
 pub const M_MIN_FIELDS: usize = 34;
 // An attempt row from before its resolution fields.
@@ -105,4 +119,8 @@ pub const ATTEMPTS: &str = "attempts";
 pub const MESSAGES: &str = "messages";
 pub const OBLIGATIONS: &str = "obligations";
 pub const PAYLOADS: &str = "payloads";
+pub const TIMELINE: &str = "timeline";
+// The derived indexes, by the names of their databases (`storage.env`).
+pub const LANE_TIMELINE: &str = "lane_timeline";
+pub const TIMER_INDEX: &str = "timer_index";
 pub const USAGE: &str = "usage";

@@ -10,6 +10,7 @@ mod changes;
 mod fields;
 mod outcomes;
 mod rows;
+mod schedules;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -96,7 +97,9 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_sha256_hex, m)?)?;
     m.add_function(wrap_pyfunction!(outcomes::fold_published, m)?)?;
     m.add_function(wrap_pyfunction!(admissions::fold_admitted, m)?)?;
+    m.add_function(wrap_pyfunction!(schedules::fold_scheduled, m)?)?;
     m.add("MESSAGE_FIELDS", fields::MESSAGE_FIELDS.to_vec())?;
     m.add("ATTEMPT_FIELDS", fields::ATTEMPT_FIELDS.to_vec())?;
+    m.add("TIMELINE_FIELDS", fields::TIMELINE_FIELDS.to_vec())?;
     Ok(())
 }

@@ -26,19 +26,6 @@ struct Folded {
     timer_key: String,
 }
 
-/// A two-integer row (`PayloadRef`: count, size; `TenantUsage`: live, bytes).
-fn pair(raw: &[u8]) -> Option<(i64, i64)> {
-    let row = Row::parse(rows::unframe(raw)?, 2, 2)?;
-    Some((row.int(0)?, row.int(1)?))
-}
-
-fn pair_row(a: i64, b: i64) -> Vec<u8> {
-    let mut body = vec![0x92];
-    body.extend(rows::int(a));
-    body.extend(rows::int(b));
-    rows::frame(&body)
-}
-
 /// One item; None when it is not the common case (nothing of the record is then used).
 fn fold_item(
     rows: &mut Changes<'_, '_>,
@@ -101,14 +88,14 @@ fn fold_item(
     let Some(payload) = rows
         .read(PAYLOADS, digest.as_bytes())?
         .as_deref()
-        .and_then(pair)
+        .and_then(rows::pair)
     else {
         return Ok(None);
     };
     let Some(usage) = rows
         .read(USAGE, tenant.as_bytes())?
         .as_deref()
-        .and_then(pair)
+        .and_then(rows::pair)
     else {
         return Ok(None);
     };
@@ -160,9 +147,9 @@ fn fold_item(
         message_id.as_bytes(),
         Some(rows::frame(&delivered)),
     );
-    let payload_row = (payload.0 > 1).then(|| pair_row(payload.0 - 1, payload.1));
+    let payload_row = (payload.0 > 1).then(|| rows::pair_row(payload.0 - 1, payload.1));
     rows.write(PAYLOADS, digest.as_bytes(), payload_row);
-    let usage_row = (live != 0 || bytes != 0).then(|| pair_row(live, bytes));
+    let usage_row = (live != 0 || bytes != 0).then(|| rows::pair_row(live, bytes));
     rows.write(USAGE, tenant.as_bytes(), usage_row);
     Ok(Some(folded))
 }

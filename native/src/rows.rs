@@ -21,6 +21,20 @@ pub fn unframe(data: &[u8]) -> Parsed<&[u8]> {
     Some(&data[4..])
 }
 
+/// A buffer for a framed value: room for the checksum, then the body is appended.
+pub fn begin(capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + 4);
+    out.extend_from_slice(&[0; 4]);
+    out
+}
+
+/// The buffer `begin` started, its checksum filled in: what `frame(body)` gives.
+pub fn seal(mut out: Vec<u8>) -> Vec<u8> {
+    let crc = crc32fast::hash(&out[4..]).to_be_bytes();
+    out[..4].copy_from_slice(&crc);
+    out
+}
+
 /// `crc32(body)` big-endian, then `body`.
 pub fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + 4);
@@ -262,6 +276,12 @@ pub fn array_header(out: &mut Vec<u8>, n: usize) {
 /// An integer in the smallest form, as msgspec writes it.
 pub fn int(value: i64) -> Vec<u8> {
     let mut out = Vec::with_capacity(9);
+    put_int(&mut out, value);
+    out
+}
+
+/// `int(value)` appended to `out`.
+pub fn put_int(out: &mut Vec<u8>, value: i64) {
     if value >= 0 {
         let v = value as u64;
         if v <= 0x7f {
@@ -292,13 +312,18 @@ pub fn int(value: i64) -> Vec<u8> {
         out.push(0xd3);
         out.extend_from_slice(&value.to_be_bytes());
     }
-    out
 }
 
 /// A string in the smallest form, as msgspec writes it.
 pub fn str(value: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len() + 5);
+    put_str(&mut out, value);
+    out
+}
+
+/// `str(value)` appended to `out`.
+pub fn put_str(out: &mut Vec<u8>, value: &str) {
     let n = value.len();
-    let mut out = Vec::with_capacity(n + 5);
     if n <= 31 {
         out.push(0xa0 | n as u8);
     } else if n <= 0xff {
@@ -311,11 +336,25 @@ pub fn str(value: &str) -> Vec<u8> {
         out.extend_from_slice(&(n as u32).to_be_bytes());
     }
     out.extend_from_slice(value.as_bytes());
-    out
 }
 
 /// Whether `bytes` is exactly one value in msgspec's form (a nested map handed in whole).
 pub fn is_one_value(bytes: &[u8]) -> bool {
     let mut r = Reader { data: bytes, at: 0 };
     r.skip(0).is_some() && r.at == bytes.len()
+}
+
+/// A two-integer row (`PayloadRef`: count, size; `TenantUsage`: live, bytes).
+pub fn pair(raw: &[u8]) -> Parsed<(i64, i64)> {
+    let row = Row::parse(unframe(raw)?, 2, 2)?;
+    Some((row.int(0)?, row.int(1)?))
+}
+
+/// The framed row of a two-integer value.
+pub fn pair_row(a: i64, b: i64) -> Vec<u8> {
+    let mut out = begin(19);
+    out.push(0x92);
+    put_int(&mut out, a);
+    put_int(&mut out, b);
+    seal(out)
 }

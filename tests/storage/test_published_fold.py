@@ -15,10 +15,8 @@ it cannot take whole must be left to the reducer untouched. Three checks:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -30,13 +28,12 @@ from nereus.kernel import native
 from nereus.kernel.model import Attempt, Message, PayloadRef, Table, TenantUsage, Value
 from nereus.kernel.records import PublishResult
 from nereus.kernel.state import MappingBase
-from nereus.storage import compiled_rows, published
+from nereus.storage import published
 from nereus.storage.codec import encode_row
-from nereus.storage.schema import StoreOptions
-from nereus.storage.store import ShardStore
 from tests.support import strategies
 from tests.support.builders import Shard, schedule
 from tests.support.builders import published as published_result
+from tests.support.two_stores import Calls, assert_same_stores, fold_into
 
 pytestmark = pytest.mark.skipif(
     native.fold_published is None, reason="the source build has no compiled fold to compare"
@@ -235,31 +232,6 @@ def test_a_row_with_a_bad_checksum_is_left_to_the_reducer(
 # Whole histories, two stores ------------------------------------------------------------
 
 
-def _dump(store: ShardStore) -> dict[bytes, dict[bytes, bytes]]:
-    """Every named database of the store, every row, as bytes; the header (which names the
-    store itself) left out."""
-    lmdb_env = store.env.env
-    out: dict[bytes, dict[bytes, bytes]] = {}
-    with lmdb_env.begin() as txn:
-        names = list(txn.cursor().iternext(values=False))
-    for name in names:
-        db = lmdb_env.open_db(name)
-        with lmdb_env.begin(db=db) as txn:
-            rows = dict(txn.cursor().iternext())
-        rows.pop(b"store_header", None)  # the store's own id
-        out[name] = rows
-    return out
-
-
-@contextmanager
-def _compiled(on: bool) -> Iterator[None]:
-    before = compiled_rows.set_enabled(on)
-    try:
-        yield
-    finally:
-        compiled_rows.set_enabled(before)
-
-
 def _batched_outcomes(entries: list[k.LogEntry]) -> list[k.LogEntry]:
     """The same history with each run of consecutive outcome records made one
     PUBLISH_OUTCOMES_V1 batch (the fire's shape), positions renumbered."""
@@ -284,27 +256,6 @@ def _batched_outcomes(entries: list[k.LogEntry]) -> list[k.LogEntry]:
     return [k.LogEntry(i + 1, times[i], r) for i, r in enumerate(records)]
 
 
-def _fold_into(path: Path, entries: list[k.LogEntry], batch: int, on: bool) -> tuple[Any, ...]:
-    options = StoreOptions(max_batch_entries=batch)
-    with _compiled(on), ShardStore.open(str(path), config=strategies.CONFIG, options=options) as s:
-        applied = []
-        for i in range(0, len(entries), batch):
-            applied.extend(s.apply(entries[i : i + batch]))
-        dump = _dump(s)
-    return applied, dump
-
-
-class _Calls:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.taken = 0
-
-    def __call__(self, *args: Any) -> Any:
-        answer = self.inner(*args)
-        self.taken += answer is not None
-        return answer
-
-
 @given(
     actions=strategies.action_lists(),
     batch=st.sampled_from([1, 3, 1_000]),
@@ -321,12 +272,9 @@ def test_histories_fold_to_the_same_store_with_and_without_the_compiled_fold(
     if merge:
         entries = _batched_outcomes(entries)
     root = tmp_path_factory.mktemp("published")
-    reference = _fold_into(root / "reference", entries, batch, on=False)
-    compiled = _fold_into(root / "compiled", entries, batch, on=True)
-    assert compiled[0] == reference[0]  # every entry's effects
-    assert compiled[1].keys() == reference[1].keys()
-    for name in reference[1]:
-        assert compiled[1][name] == reference[1][name], name.decode()
+    reference = fold_into(root / "reference", entries, batch, on=False, config=strategies.CONFIG)
+    compiled = fold_into(root / "compiled", entries, batch, on=True, config=strategies.CONFIG)
+    assert_same_stores(reference, compiled)
     _, expected_effects = k.fold(k.State.initial(strategies.CONFIG), entries)
     assert [effects for _, effects in compiled[0]] == expected_effects
 
@@ -410,10 +358,9 @@ def test_fire_histories_fold_to_the_same_store_with_and_without_the_compiled_fol
     tmp_path_factory: pytest.TempPathFactory, entries: list[k.LogEntry], batch: int
 ) -> None:
     root = tmp_path_factory.mktemp("fires")
-    reference = _fold_into(root / "reference", entries, batch, on=False)
-    compiled = _fold_into(root / "compiled", entries, batch, on=True)
-    assert compiled[0] == reference[0]
-    assert compiled[1] == reference[1]
+    reference = fold_into(root / "reference", entries, batch, on=False, config=strategies.CONFIG)
+    compiled = fold_into(root / "compiled", entries, batch, on=True, config=strategies.CONFIG)
+    assert_same_stores(reference, compiled)
 
 
 def test_the_fires_outcome_batch_takes_the_compiled_path(
@@ -423,13 +370,15 @@ def test_the_fires_outcome_batch_takes_the_compiled_path(
     back to the reducer, the paths would be dead code that the comparisons above pass
     trivially."""
     entries = _fire_history()
-    outcomes = _Calls(native.fold_published)
-    admissions = _Calls(native.fold_admitted)
+    outcomes = Calls(native.fold_published)
+    admissions = Calls(native.fold_admitted)
     monkeypatch.setattr(native, "fold_published", outcomes)
     monkeypatch.setattr(native, "fold_admitted", admissions)
-    reference = _fold_into(tmp_path / "reference", entries, 1_000, on=False)
+    reference = fold_into(
+        tmp_path / "reference", entries, 1_000, on=False, config=strategies.CONFIG
+    )
     assert (admissions.taken, outcomes.taken) == (0, 0)
-    compiled = _fold_into(tmp_path / "compiled", entries, 1_000, on=True)
+    compiled = fold_into(tmp_path / "compiled", entries, 1_000, on=True, config=strategies.CONFIG)
     assert (admissions.taken, outcomes.taken) == (3, 1)
     assert compiled == reference
 
