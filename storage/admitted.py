@@ -34,16 +34,15 @@ from nereus.kernel.records import (
     PublishAdmissions,
     record_type_of,
 )
-from nereus.kernel.rules import rule
 from nereus.kernel.timing import Decision, decide
 from nereus.kernel.validation import visible_at
 from nereus.storage.base import LmdbBase
 from nereus.storage.compiled_rows import (
-    layout_matches,
     may_fold,
     next_meta,
     put_rows,
     reader,
+    rule_is,
 )
 from nereus.storage.env import Env
 from nereus.storage.indexes import index_live_timer, unindex_lane
@@ -64,14 +63,13 @@ Read = tuple[int, str, int, int, int, str, str, str, str]
 def usable() -> bool:
     """Whether the compiled fold exists, reads the rows as the model lays them out, and
     does what the lifecycle table says an Admission of a SCHEDULED timer does."""
-    if native.fold_admitted is None:
-        return False
-    verdict = rule("admission", Status.SCHEDULED, "armed")
-    return (
-        layout_matches()
-        and verdict.code is _ADMITTED
-        and verdict.to_status == Status.PUBLISHING
-        and not verdict.new_generation
+    return native.fold_admitted is not None and rule_is(
+        "admission",
+        Status.SCHEDULED,
+        "armed",
+        code=_ADMITTED,
+        to_status=Status.PUBLISHING,
+        new_generation=False,
     )
 
 

@@ -14,8 +14,18 @@ from typing import Any, Final
 import msgspec
 
 from nereus.kernel import native
-from nereus.kernel.model import Attempt, Counters, Message, ShardMeta, Table, TimelineWork
+from nereus.kernel.codes import Code
+from nereus.kernel.model import (
+    Attempt,
+    Counters,
+    Message,
+    ShardMeta,
+    Status,
+    Table,
+    TimelineWork,
+)
 from nereus.kernel.records import LogEntry
+from nereus.kernel.rules import rule
 from nereus.kernel.timing import MAX_INSTANT_MS
 from nereus.storage.env import Env
 
@@ -48,6 +58,27 @@ def layout_matches() -> bool:
         Message.__struct_fields__ == native.MESSAGE_FIELDS
         and Attempt.__struct_fields__ == native.ATTEMPT_FIELDS
         and TimelineWork.__struct_fields__ == native.TIMELINE_FIELDS
+    )
+
+
+def rule_is(
+    op: str,
+    from_status: str,
+    condition: str,
+    *,
+    code: Code,
+    to_status: Status,
+    new_generation: bool,
+) -> bool:
+    """Whether the rows are laid out as the crate reads them and the lifecycle table still
+    gives (op, status, condition) the verdict a compiled fold was written for: a change to
+    either turns the fold off rather than letting it disagree with the reference."""
+    verdict = rule(op, from_status, condition)
+    return (
+        layout_matches()
+        and verdict.code is code
+        and verdict.to_status == to_status
+        and verdict.new_generation == new_generation
     )
 
 

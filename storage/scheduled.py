@@ -31,16 +31,9 @@ from nereus.kernel.effects import Effect, EntryOutcome, TimelinePut
 from nereus.kernel.keys import message_id, timeline_key
 from nereus.kernel.model import Message, ShardMeta, Status, Table, TimelineWork
 from nereus.kernel.records import CommandBatch, LogEntry, Schedule, record_type_of
-from nereus.kernel.rules import rule
 from nereus.kernel.validation import action_at
 from nereus.storage.codec import remember
-from nereus.storage.compiled_rows import (
-    layout_matches,
-    may_fold,
-    next_meta,
-    put_by_table,
-    reader,
-)
+from nereus.storage.compiled_rows import may_fold, next_meta, put_by_table, reader, rule_is
 from nereus.storage.env import Env
 
 _TAG: Final = record_type_of(Schedule)
@@ -54,14 +47,8 @@ _encoder = msgspec.msgpack.Encoder()
 def usable() -> bool:
     """Whether the compiled fold exists, writes the rows as the model lays them out, and
     does what the lifecycle table says a schedule of an absent key does."""
-    if native.fold_scheduled is None:
-        return False
-    verdict = rule("schedule", "ABSENT", "changed")
-    return (
-        layout_matches()
-        and verdict.code is _SCHEDULED
-        and verdict.to_status == Status.SCHEDULED
-        and verdict.new_generation
+    return native.fold_scheduled is not None and rule_is(
+        "schedule", "ABSENT", "changed", code=_SCHEDULED, to_status=_STATUS, new_generation=True
     )
 
 

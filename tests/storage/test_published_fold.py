@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus import kernel as k
@@ -33,17 +33,12 @@ from nereus.storage.codec import encode_row
 from tests.support import strategies
 from tests.support.builders import Shard, schedule
 from tests.support.builders import published as published_result
-from tests.support.two_stores import Calls, assert_same_stores, fold_into
+from tests.support.two_stores import SETTINGS, Calls, assert_same_stores, fold_into
 
 pytestmark = pytest.mark.skipif(
     native.fold_published is None, reason="the source build has no compiled fold to compare"
 )
 
-SETTINGS = settings(
-    max_examples=strategies.max_examples(150),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
 
 # Strings and integers across msgspec's forms: fixstr / str8 / str16, and every integer width.
 texts = st.text(min_size=1, max_size=40) | st.text(min_size=200, max_size=300)

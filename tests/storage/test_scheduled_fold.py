@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from nereus import kernel as k
@@ -27,17 +27,12 @@ from nereus.kernel.records import IMMEDIATE
 from nereus.storage.codec import frame, remembered
 from nereus.storage.store import ShardStore
 from tests.support import strategies
-from tests.support.two_stores import Calls, Dump, assert_same_stores, dump, fold_into
+from tests.support.two_stores import SETTINGS, Calls, Dump, assert_same_stores, dump, fold_into
 
 pytestmark = pytest.mark.skipif(
     native.fold_scheduled is None, reason="the source build has no compiled fold to compare"
 )
 
-SETTINGS = settings(
-    max_examples=strategies.max_examples(150),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
 
 CONFIG = strategies.CONFIG
 T0_MS = 1_800_000_000_000

@@ -12,12 +12,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, settings
+
 from nereus import kernel as k
 from nereus.storage import compiled_rows
 from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
+from tests.support import strategies
 
 Dump = dict[bytes, dict[bytes, bytes]]
+
+# Generated histories, each folded into two new stores: slower than the kernel's own.
+SETTINGS = settings(
+    max_examples=strategies.max_examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def dump(store: ShardStore) -> Dump:
