@@ -80,26 +80,14 @@ def fold_in(
                 log_end += 1
             elif state.meta.position < entry.position <= log_end:
                 check_matches_log(env, txn, entry)
-        done = None
-        outcomes = published.candidate(state.meta, entry)
-        admissions = None if outcomes is not None else admitted.candidate(state.meta, entry)
-        schedules = (
-            None
-            if outcomes is not None or admissions is not None
-            else scheduled.candidate(state.meta, entry)
-        )
-        if outcomes is not None or admissions is not None or schedules is not None:
+        path = _compiled_path(state.meta, entry)
+        if path is not None:
             # The compiled fold reads the transaction: what the overlay holds goes there
             # first, and the State after it starts again over the transaction.
             if len(state.overlay):
                 released |= _write_changes(env, txn, state)
                 state = state.rebase(state.base)
-            if outcomes is not None:
-                done = published.fold(env, txn, state.meta, entry, outcomes)
-            elif admissions is not None:
-                done = admitted.fold(env, txn, state.meta, entry, admissions)
-            elif schedules is not None:
-                done = scheduled.fold(env, txn, state.meta, entry, schedules, config=config)
+            done = _fold_compiled(env, txn, state.meta, entry, path, config=config)
             if done is not None:
                 meta, effects, freed = done
                 released |= freed
@@ -114,6 +102,45 @@ def fold_in(
     txn.put(SHARD_META_KEY, encode_value(state.meta), db=env.meta)
     at("meta")
     return results, state.meta, logged
+
+
+# Which compiled fold may take an entry, and the items it would fold.
+_OUTCOMES: Final = 0
+_ADMISSIONS: Final = 1
+_SCHEDULES: Final = 2
+
+
+def _compiled_path(meta: ShardMeta, entry: LogEntry) -> tuple[int, list[Any]] | None:
+    """The compiled fold that may try the entry (`storage.published`, `storage.admitted`,
+    `storage.scheduled`) and its items, or None: the reducer folds it."""
+    outcomes = published.candidate(meta, entry)
+    if outcomes is not None:
+        return _OUTCOMES, list(outcomes)
+    admissions = admitted.candidate(meta, entry)
+    if admissions is not None:
+        return _ADMISSIONS, list(admissions)
+    schedules = scheduled.candidate(meta, entry)
+    if schedules is not None:
+        return _SCHEDULES, list(schedules)
+    return None
+
+
+def _fold_compiled(
+    env: Env,
+    txn: Any,
+    meta: ShardMeta,
+    entry: LogEntry,
+    path: tuple[int, list[Any]],
+    *,
+    config: KernelConfig,
+) -> tuple[ShardMeta, tuple[Effect, ...], set[bytes]] | None:
+    """The compiled fold's answer, or None when it did not take the entry (nothing written)."""
+    kind, items = path
+    if kind == _OUTCOMES:
+        return published.fold(env, txn, meta, entry, items)
+    if kind == _ADMISSIONS:
+        return admitted.fold(env, txn, meta, entry, items)
+    return scheduled.fold(env, txn, meta, entry, items, config=config)
 
 
 def _write_changes(env: Env, txn: Any, state: State) -> set[bytes]:

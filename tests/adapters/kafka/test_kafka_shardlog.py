@@ -52,6 +52,7 @@ from tests.support.kafka_cluster import (
     check_delivery,
     check_stores_are_prefixes,
     keys_on_shards,
+    open_obligations,
     schedule_op,
     wait_until,
     writes_after_takeover,
@@ -393,6 +394,10 @@ def test_sigkill_mid_fire_then_restart_loses_nothing(kafka_bootstrap: str, tmp_p
             # SIGKILL mid-fire at a seeded moment, down for a seeded while, then restart
             # on the same data directory.
             time.sleep(rng.uniform(0.2, 2.0))
+            # Mid-fire means with attempts open: on a loaded machine a seeded moment alone
+            # can fall between fires (each send lingers 200 ms, so an open one is still
+            # open when the kill lands).
+            wait_until(lambda: open_obligations(a) > 0, 60, "the owner holding open attempts")
             killed_tenures |= set(a.tenures())
             a.kill()
             time.sleep(rng.uniform(0.2, 1.5))
