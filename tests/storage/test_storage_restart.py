@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import random
-import selectors
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from nereus.storage.store import ShardStore
 from tests.support.lmdb_files import lmdb_verdict, pages_past_eof
 from tests.support.restart_worker import REFUSED_EXIT
 from tests.support.seeds import seed_from_env
+from tests.support.worker_process import read_line
 
 ROOT = Path(__file__).resolve().parents[2]
 STORES = int(os.environ.get("NEREUS_RESTART_STORES", "10"))
@@ -61,11 +61,9 @@ def _session(data_dir: Path, seed: int, stop_after_s: float, how: signal.Signals
         stderr=subprocess.PIPE,
     )
     try:
-        assert proc.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(proc.stdout, selectors.EVENT_READ)
-            assert selector.select(READY_TIMEOUT_S), f"{data_dir}: the worker never spoke"
-        first = proc.stdout.readline().decode().strip()  # "ready" or "refused: ..."
+        said = read_line(proc, READY_TIMEOUT_S)
+        assert said is not None, f"{data_dir}: the worker never spoke"
+        first = said.decode().strip()  # "ready" or "refused: ..."
         if first != "ready":
             out, err = proc.communicate(timeout=READY_TIMEOUT_S)
             assert proc.returncode == REFUSED_EXIT, (first, out, err.decode()[-2000:])

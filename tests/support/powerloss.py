@@ -20,7 +20,6 @@ except under CI (`CI` set), where the compiler is part of the machine and its ab
 from __future__ import annotations
 
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.worker_process import wait_ready
+from tests.support.worker_process import read_line, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "support" / "powerloss_shim.c"
@@ -139,17 +138,13 @@ def _read_acks(proc: subprocess.Popen[bytes], count: int, where: str) -> list[st
     assert proc.stdout is not None
     lines: list[str] = []
     deadline = time.monotonic() + ACK_TIMEOUT_S
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while len(lines) < count:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{where}: only {len(lines)} of {count} acks in time"
-            if not selector.select(left):
-                continue
-            line = proc.stdout.readline().decode().strip()
-            assert line, f"{where}: the worker stopped: {proc.communicate()[1].decode()[-2000:]}"
-            if line.startswith("ack"):
-                lines.append(line)
+    while len(lines) < count:
+        raw = read_line(proc, max(deadline - time.monotonic(), 0))
+        assert raw is not None, f"{where}: only {len(lines)} of {count} acks in time"
+        line = raw.decode().strip()
+        assert line, f"{where}: the worker stopped: {proc.communicate()[1].decode()[-2000:]}"
+        if line.startswith("ack"):
+            lines.append(line)
     return lines
 
 
