@@ -56,6 +56,7 @@ COMPILED = [
     "nereus/storage/admitted.py",
     "nereus/storage/scheduled.py",
     "nereus/storage/compiled_rows.py",
+    "nereus/storage/story.py",
     "nereus/storage/reads.py",
     "nereus/storage/store.py",
     "nereus/runtime/claims.py",

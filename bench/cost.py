@@ -141,11 +141,12 @@ def schedule(
 
 def page_bytes(store: ShardStore) -> dict[str, int]:
     """Bytes of the branch, leaf and overflow pages of every sub-database but the log's
-    and the meta's: what the live timers themselves occupy."""
+    and the meta's: what the live timers themselves occupy, their schedules' story marks
+    included."""
     env = store.env
     found: dict[str, int] = {}
     with env.env.begin() as txn:
-        for name, db in env.state_dbs().items():
+        for name, db in {**env.state_dbs(), "story": env.story}.items():
             stat = txn.stat(db)
             pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
             found[name] = pages * stat["psize"]

@@ -1083,6 +1083,19 @@ COMPILED_FOLDS: tuple[Mutant, ...] = (
         SCHEDULE_FOLD_TESTS,
         rust=True,
     ),
+    Mutant(
+        "X7",
+        "the fold files no story marks for a record a compiled fold took",
+        "P7 replay agrees: the compiled fold writes exactly what the reducer writes",
+        one(
+            FOLD,
+            "                results.append((entry, effects))\n"
+            "                mark_entry(story, entry, effects)\n",
+            "                results.append((entry, effects))\n",
+        ),
+        ("tests/storage/test_scheduled_fold.py", "tests/storage/test_story_index.py"),
+        rust=True,
+    ),
 )
 
 CATALOGUE: tuple[Mutant, ...] = (

@@ -5,8 +5,9 @@ Theory of operation: folding ten million schedules through the reducer takes lon
 rest of the suite, but the rows they leave are regular. Per timer: one message row and one
 timeline row (in LMDB also a lane-index row, a timer-index row and the log entry itself);
 shared: the payload reference count, the tenant's usage and the shard counters. So the
-reducer folds ONE schedule, its rows are the template, and timer i's rows are the template
-with i's identity (message id, queue, timer key, request digest, position) put in. Every
+reducer folds ONE schedule, its rows are the template (and its outcome the template of the
+story index's one mark a timer has in LMDB), and timer i's rows are the template with i's
+identity (message id, queue, timer key, request digest, position) put in. Every
 preload first checks the shortcut on a small count: the same schedules folded for real
 (`MemoryStore.feed`, or `ShardStore.commit` for LMDB) must give byte-identical tables, so a
 kernel or storage change the shortcut would misrepresent stops the bench with a message
@@ -30,6 +31,7 @@ import msgspec
 from bench.common import PAYLOAD, T0_MS
 from nereus.kernel.commands import request_digest
 from nereus.kernel.config import KernelConfig
+from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.keys import message_id, timeline_key
 from nereus.kernel.model import (
     TABLES,
@@ -47,11 +49,13 @@ from nereus.storage.codec import (
     encode_value,
     lane_index_key,
     position_key,
+    story_key,
     timer_index_key,
 )
 from nereus.storage.memory import MemoryStore
 from nereus.storage.schema import HEADER_KEY, SHARD_META_KEY, PayloadBlob, StoreOptions
 from nereus.storage.store import ShardStore
+from nereus.storage.story import encode_mark
 
 TENANT = "t"
 QUEUES = 16
@@ -99,7 +103,15 @@ class Template:
     def __init__(self, config: KernelConfig, t0_ms: int = T0_MS) -> None:
         self.t0_ms = t0_ms
         store = MemoryStore(config)
-        store.feed([entry(0, t0_ms)])
+        outcomes: list[EntryOutcome] = []
+        store.feed(
+            [entry(0, t0_ms)],
+            lambda _entry, effects: outcomes.extend(
+                e for e in effects if isinstance(e, EntryOutcome)
+            ),
+        )
+        # Every timer's mark says the same (its id and position are in the key).
+        self.mark = encode_mark(outcomes[0], t0_ms)
         written = {table for table, rows in store.tables.items() if rows}
         if written != _PER_TIMER | _SHARED or any(
             len(store.tables[t]) != 1 for t in _PER_TIMER | _SHARED
@@ -237,11 +249,13 @@ def _write_lmdb(path: str, live: int, t0_ms: int, on_progress: OnProgress | None
                 env.env.begin(write=True) as txn,
                 txn.cursor(db=env.tables[Table.MESSAGES]) as messages,
                 txn.cursor(db=env.tables[Table.TIMELINE]) as timeline,
+                txn.cursor(db=env.story) as story,
             ):
                 for i in by_mid[start : start + batch]:
                     mkey, message, tkey, work, record = template.timer(i)
                     _append(messages, mkey, encode_row(Table.MESSAGES, message), "messages")
                     _append(timeline, tkey, encode_row(Table.TIMELINE, work), "timeline")
+                    _append(story, story_key(mkey.decode(), i + 1, 0), template.mark, "story")
                     buckets.setdefault(record.queue, []).append(i)
                     step()
         del by_mid
@@ -293,6 +307,7 @@ def _dump(path: str) -> dict[str, dict[bytes, bytes]]:
         meta=env.meta,
         lane_timeline=env.lane_timeline,
         timer_index=env.timer_index,
+        story=env.story,
     )
     out: dict[str, dict[bytes, bytes]] = {}
     try:

@@ -11,11 +11,22 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from nereus.kernel.keys import usage_key
+from nereus.kernel.keys import MESSAGE_ID_BYTES, usage_key
 from nereus.kernel.model import LIVE_STATUSES, Message, Table, TenantUsage, Value
 from nereus.storage.codec import decode_struct, decode_value, lane_prefix, timer_index_key
 from nereus.storage.errors import CorruptRecord
-from nereus.storage.schema import PayloadBlob
+from nereus.storage.schema import (
+    STORY_FLOOR_KEY,
+    PayloadBlob,
+    StoryFloor,
+    StoryMark,
+    StoryMarkRow,
+)
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
+_MID_CHARS = 2 * MESSAGE_ID_BYTES
+# A story key: the message id, then the position (8 bytes) and the batch item (2 bytes).
+_STORY_KEY_BYTES = _MID_CHARS + 10
 
 NO_USAGE = TenantUsage(live=0, bytes=0)
 
@@ -56,7 +67,7 @@ class LmdbBase:
 
 class StoreView(LmdbBase):
     """A read snapshot of the whole shard store: tables, payload bytes, the lane index, the
-    timer index and tenant usage."""
+    timer index, tenant usage and the story index."""
 
     __slots__ = ("_env",)
 
@@ -159,3 +170,44 @@ class StoreView(LmdbBase):
                 self._path, f"the timer index disagrees with message {mid.decode()}", where
             )
         return message
+
+    def story_floor(self) -> int:
+        """The first log position the story index covers (`storage.story`): every command
+        folded at or after it has its marks; one before it may have none."""
+        raw = self._txn.get(STORY_FLOOR_KEY, None, self._env.meta)
+        if raw is None:
+            raise CorruptRecord(self._path, "the story floor is missing", "meta, story floor")
+        return decode_struct(StoryFloor, raw, self._path, "meta, story floor").position
+
+    def story_marks(self, message_id: str, limit: int) -> tuple[list[StoryMarkRow], bool]:
+        """The newest `limit` marks of the message (`kernel.keys.message_id`), in log order
+        (position, then batch item), and whether older ones were left out."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        if len(message_id) != _MID_CHARS or not _HEX_DIGITS.issuperset(message_id):
+            raise ValueError(f"not a message id: {message_id!r}")
+        prefix = message_id.encode()
+        # The least key past every key of this message: its last hex digit, one up.
+        beyond = prefix[:-1] + bytes([prefix[-1] + 1])
+        rows: list[StoryMarkRow] = []
+        with self._txn.cursor(db=self._env.story) as cursor:
+            found = cursor.prev() if cursor.set_range(beyond) else cursor.last()
+            while found:
+                key = cursor.key()
+                if not key.startswith(prefix):
+                    break
+                if len(rows) == limit:
+                    rows.reverse()
+                    return rows, True
+                rows.append(self._story_row(key, cursor.value()))
+                found = cursor.prev()
+        rows.reverse()
+        return rows, False
+
+    def _story_row(self, key: bytes, raw: bytes) -> StoryMarkRow:
+        where = f"story, key {key.hex()}"
+        if len(key) != _STORY_KEY_BYTES:
+            raise CorruptRecord(self._path, f"a story key of {len(key)} bytes", where)
+        mark = decode_struct(StoryMark, raw, self._path, where)
+        position = int.from_bytes(key[_MID_CHARS:-2], "big")
+        return StoryMarkRow(position, int.from_bytes(key[-2:], "big"), mark)

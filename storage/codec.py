@@ -212,6 +212,12 @@ def key_position(key: bytes) -> int:
     return int.from_bytes(key, "big")
 
 
+def story_key(message_id: str, position: int, index: int) -> bytes:
+    """message id (ASCII hex) + position (8 bytes BE) + batch item (2 bytes BE): a message's
+    marks are exactly the keys with its id as prefix (ids have one length), in log order."""
+    return message_id.encode() + position.to_bytes(8, "big") + index.to_bytes(2, "big")
+
+
 def lane_index_key(tenant: str, queue: str, timeline_key: bytes) -> bytes:
     """tenant NUL queue NUL timeline-key: identities never contain NUL, so a lane's rows are
     exactly the keys with its prefix, in due order."""

@@ -31,8 +31,21 @@ CLAIMS_DB = b"claims"  # "c" + claim sequence (8 bytes BE) -> framed PersistedCl
 META_DB = b"meta"  # header keys -> framed structs
 LANE_TIMELINE_DB = b"lane_timeline"  # tenant NUL queue NUL timeline key -> b""
 TIMER_INDEX_DB = b"timer_index"  # tenant NUL queue NUL timer key -> message id (live only)
-EXTRA_DBS = (LOG_DB, PAYLOAD_BYTES_DB, CLAIMS_DB, META_DB, LANE_TIMELINE_DB, TIMER_INDEX_DB)
+# message id + position (8 bytes BE) + batch item (2 bytes BE) -> framed StoryMark
+STORY_DB = b"story"
+EXTRA_DBS = (
+    LOG_DB,
+    PAYLOAD_BYTES_DB,
+    CLAIMS_DB,
+    META_DB,
+    LANE_TIMELINE_DB,
+    TIMER_INDEX_DB,
+    STORY_DB,
+)
 _NAMES = [t.value.encode() for t in TABLES] + list(EXTRA_DBS)
+# Sub-databases a schema migration creates, by the version that brought them: a store of an
+# older version lacks them until its migration runs (in `storage.schema.migrate`).
+ADDED_BY_VERSION = {STORY_DB: 7}
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,8 @@ class Env:
     meta: Any
     lane_timeline: Any
     timer_index: Any
+    # None only between the open of a store older than schema 7 and its migration.
+    story: Any
     # The directory's exclusive lock, held by a writer until `close`; None: a read-only open.
     lock: DirectoryLock | None = None
 
@@ -56,8 +71,9 @@ class Env:
 
     def state_dbs(self) -> dict[str, Any]:
         """The sub-databases that hold the shard's folded state, by name, in a fixed order:
-        the tables, the payload bytes and the two derived indexes (not the log, the claims
-        or the meta)."""
+        the tables, the payload bytes and the two derived indexes (not the log, the claims,
+        the meta or the story index: the story is the log's history, not state, so a state
+        moved elsewhere starts a story of its own at its floor)."""
         dbs: dict[str, Any] = {t.value: self.tables[t] for t in TABLES}
         dbs.update(
             payload_bytes=self.payload_bytes,
@@ -65,6 +81,11 @@ class Env:
             timer_index=self.timer_index,
         )
         return dbs
+
+    def create_story(self, txn: Any) -> None:
+        """Create the story sub-database inside `txn`, the schema 7 migration's write
+        transaction: it exists only if that transaction commits."""
+        object.__setattr__(self, "story", self.env.open_db(STORY_DB, txn=txn, create=True))
 
     @property
     def read_only(self) -> bool:
@@ -76,13 +97,15 @@ class Env:
             self.lock.release()  # after the environment: nothing of ours writes here now
 
 
-def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) -> None:
+def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) -> set[bytes]:
     """Look, without writing, at what the environment's main database holds: only our
     sub-database names may be there. Anything else is another program's data; and with
     create=False an environment without our meta database is not a store to open. An
     existing store missing some of our sub-databases was written by an older layout: its
     header's version decides the refusal, before anything is created in it (creating them
-    would make the store unreadable to the older build that can export it)."""
+    would make the store unreadable to the older build that can export it). Returns the
+    sub-databases the store's own migration will create (`ADDED_BY_VERSION`): not opened
+    here."""
     with env.begin() as txn, txn.cursor() as cursor:
         present = set(cursor.iternext(values=False))
     foreign = sorted(present - ours)
@@ -92,13 +115,18 @@ def _refuse_foreign(env: Any, data_file: str, ours: set[bytes], create: bool) ->
     if not create and META_DB not in present:
         raise StoreError(data_file, "no Nereus store here")
     missing = sorted(ours - present)
-    if META_DB in present and missing:
-        with env.begin() as txn:
-            raw = txn.get(HEADER_KEY, db=env.open_db(META_DB, txn=txn, create=False))
-        if raw is not None:
-            check_schema(raw, data_file)  # an older version is refused here, with its path
-        shown = ", ".join(k.decode() for k in missing)
-        raise StoreError(data_file, f"incomplete store: sub-databases missing ({shown})")
+    if META_DB not in present or not missing:
+        return set()
+    with env.begin() as txn:
+        raw = txn.get(HEADER_KEY, db=env.open_db(META_DB, txn=txn, create=False))
+    if raw is not None:
+        # An older version without a migration path is refused here, with its path.
+        version = check_schema(raw, data_file).schema_version
+        pending = {name for name in missing if ADDED_BY_VERSION.get(name, 0) > version}
+        if len(pending) == len(missing):
+            return pending
+    shown = ", ".join(k.decode() for k in missing)
+    raise StoreError(data_file, f"incomplete store: sub-databases missing ({shown})")
 
 
 def open_env(
@@ -167,9 +195,11 @@ def _open_lmdb(
     except lmdb.Error as exc:
         raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc
     try:
-        _refuse_foreign(env, data_file, set(names), create)
+        pending = _refuse_foreign(env, data_file, set(names), create)
         tables = {t: env.open_db(t.value.encode(), create=create) for t in TABLES}
-        extra = {name: env.open_db(name, create=create) for name in EXTRA_DBS}
+        extra = {
+            name: env.open_db(name, create=create) for name in EXTRA_DBS if name not in pending
+        }
     except lmdb.Error as exc:
         env.close()
         raise StoreError(data_file, f"LMDB refused the environment: {exc}") from exc
@@ -186,5 +216,6 @@ def _open_lmdb(
         meta=extra[META_DB],
         lane_timeline=extra[LANE_TIMELINE_DB],
         timer_index=extra[TIMER_INDEX_DB],
+        story=extra.get(STORY_DB),
         lock=lock,
     )

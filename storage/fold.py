@@ -4,15 +4,17 @@ Theory of operation: `fold_in` runs inside ONE write transaction that the caller
 (`storage.store.ShardStore`) opened; that transaction's snapshot is also the reducer's base
 (`LmdbBase`), so the kernel reads exactly what the fold will write over. Per entry it
 mirrors the entry into the local log when it extends it densely (a Kafka-sourced shard's
-entries arrive from the topic, not from `append`), then reduces it. Once every entry is
-reduced it writes the overlay's rows with the derived indexes beside them
-(`storage.indexes`), drops the payload bytes nobody can need any more, and puts the new
-`ShardMeta` (which carries the applied position). Nothing is returned to act on before the
-caller commits: if the reducer raises (a broken invariant), the caller's transaction aborts
-and nothing of the batch is written.
+entries arrive from the topic, not from `append`), then reduces it and files its marks in the
+story index (`storage.story`) from its effects, whichever path folded it (the reducer or a
+compiled fold). Once every entry is reduced it writes the overlay's rows with the derived
+indexes beside them (`storage.indexes`), drops the payload bytes nobody can need any more,
+and puts the new `ShardMeta` (which carries the applied position). Nothing is returned to
+act on before the caller commits: if the reducer raises (a broken invariant), the caller's
+transaction aborts and nothing of the batch is written.
 
 This is the hot path of the store: per entry one `reduce` call, per changed row one cursor
-put and, for timeline and message rows, one index update. Keep it that way.
+put and, for timeline and message rows, one index update, per command one story mark.
+Keep it that way.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from nereus.storage.env import Env
 from nereus.storage.indexes import index_lane, index_timer
 from nereus.storage.log_table import check_matches_log, store_payloads
 from nereus.storage.schema import SHARD_META_KEY, PayloadBlob
+from nereus.storage.story import mark_entry
 
 Applied = tuple[LogEntry, tuple[Effect, ...]]
 
@@ -68,6 +71,7 @@ def fold_in(
     logged: list[LogEntry] = []
     released: set[bytes] = set()
     state = State(config, meta, LmdbBase(txn, env.tables, env.data_file))
+    story = txn.cursor(env.story)
     for entry in entries:
         if mirror:
             if entry.position == log_end + 1:
@@ -93,9 +97,11 @@ def fold_in(
                 released |= freed
                 state = State(config, meta, state.base)
                 results.append((entry, effects))
+                mark_entry(story, entry, effects)
                 continue
         state, effects = reduce(state, entry)
         results.append((entry, effects))
+        mark_entry(story, entry, effects)
     released |= _write_changes(env, txn, state)
     _collect_payloads(env, txn, released, entries, state.meta.position)
     at("fold")

@@ -41,6 +41,7 @@ from nereus.storage.schema import (
     StoreOptions,
     check_schema,
     migrate,
+    put_story_floor,
 )
 
 MAX_KEY_BYTES = 511  # LMDB's default compile-time key size limit
@@ -129,20 +130,24 @@ def check_state(env: Env, config: KernelConfig) -> None:
 
 def discard_state(env: Env) -> None:
     """Empty the store but for its header and its claim rows (whose sequence must never
-    repeat), in one write transaction. Everything removed is derived from the log."""
+    repeat), in one write transaction. Everything removed is derived from the log; the story
+    index goes with it (its floor back to a new store's), for whatever replaces the state
+    sets its own floor."""
     with lmdb_refusal(env.data_file), env.env.begin(write=True) as txn:
-        for db in (*env.state_dbs().values(), env.log):
+        for db in (*env.state_dbs().values(), env.log, env.story):
             txn.drop(db, delete=False)
         txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
         txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)
         txn.delete(LOG_SOURCE_KEY, db=env.meta)
+        put_story_floor(txn, env.meta, 1)
 
 
 def load_rows(
     env: Env, meta: ShardMeta, rows: Iterable[tuple[Table, bytes, Value]], batch_rows: int
 ) -> int:
     """Put a state's rows into an empty store in write transactions of `batch_rows` (memory
-    stays bounded by a batch whatever the state's size), then its meta; returns how many."""
+    stays bounded by a batch whatever the state's size), then its meta; returns how many.
+    No log was folded here to reach that state: the story index begins after it."""
     count = 0
     batch: list[tuple[Table, bytes, Value]] = []
     for row in rows:
@@ -153,6 +158,7 @@ def load_rows(
     count += _load_batch(env, batch)
     with env.env.begin(write=True) as txn:
         txn.put(SHARD_META_KEY, encode_value(meta), db=env.meta)
+        put_story_floor(txn, env.meta, meta.position + 1)
     return count
 
 
@@ -165,7 +171,8 @@ def _load_batch(env: Env, batch: list[tuple[Table, bytes, Value]]) -> int:
 def _new_header(
     txn: Any, env: Env, shard_id: str, config: KernelConfig, created_at_ms: int
 ) -> StoreHeader:
-    """Write the header, meta and log info of a new store in `txn`; returns the header."""
+    """Write the header, meta, log info and story floor of a new store in `txn`; returns
+    the header."""
     header = StoreHeader(
         schema_version=SCHEMA_VERSION,
         store_id=uuid.uuid4().hex,
@@ -177,6 +184,7 @@ def _new_header(
     txn.put(HEADER_KEY, encode_value(header), db=env.meta)
     txn.put(SHARD_META_KEY, encode_value(ShardMeta()), db=env.meta)
     txn.put(LOG_INFO_KEY, encode_value(LogInfo()), db=env.meta)
+    put_story_floor(txn, env.meta, 1)
     return header
 
 

@@ -21,6 +21,11 @@ by name instead of failing on an unknown field.
 `storage/codec.py`) instead of maps; version 5 migrates to 6 by rewriting every table row in
 the migration's one write transaction (a crash before its commit leaves the version-5 store
 as it was), logging its progress.
+7: the `story` sub-database, a per-message index of the commands that named each message
+and the verdicts they got (`storage/story.py`), and the meta key `story_floor`, the first log
+position the index covers. Version 6 migrates to 7 by creating the empty sub-database in the
+migration's write transaction and putting the floor past the applied position: the entries
+folded before were never indexed, and the log may no longer hold them to index now.
 """
 
 from __future__ import annotations
@@ -31,16 +36,18 @@ from typing import Any, Literal
 
 import msgspec
 
+from nereus.kernel.codes import Code
 from nereus.kernel.config import KernelConfig
-from nereus.kernel.model import Table
+from nereus.kernel.model import ShardMeta, Table
 from nereus.storage.codec import decode_map_row, decode_struct, encode_row, encode_value
 from nereus.storage.errors import StoreError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 HEADER_KEY = b"store_header"
 SHARD_META_KEY = b"shard_meta"
 LOG_INFO_KEY = b"log_info"
 LOG_SOURCE_KEY = b"log_source"
+STORY_FLOOR_KEY = b"story_floor"
 
 
 _log = logging.getLogger("nereus.storage")
@@ -77,12 +84,25 @@ def _progress(data_file: str, rows: int, table: Table | None) -> None:
     _log.info(event, extra={"event": event, "fields": fields})
 
 
+def _story_index(txn: Any, env: Any) -> None:
+    """Create the story sub-database (schema 7) and start its coverage after the applied
+    position. Created here, in the migration's transaction, never at open: a store left at
+    version 6 by a failed migration must not hold a sub-database version 6 calls foreign."""
+    env.create_story(txn)
+    raw = txn.get(SHARD_META_KEY, db=env.meta)
+    applied = (
+        0 if raw is None else decode_struct(ShardMeta, raw, env.data_file, "shard meta").position
+    )
+    put_story_floor(txn, env.meta, applied + 1)
+
+
 # from-version -> function migrating an open write transaction (and the store's `Env`) to
 # from-version + 1 (the caller rewrites the header's version in the same transaction)
 MIGRATIONS: dict[int, Callable[[Any, Any], None]] = {
     3: _rows_unchanged,
     4: _rows_unchanged,
     5: _positional_rows,
+    6: _story_index,
 }
 
 # from-version -> what the refusal of such a store tells the operator to do instead
@@ -138,6 +158,40 @@ class PayloadBlob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     data: bytes
 
 
+class StoryFloor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The first log position the story index covers: marks exist for every position from
+    here on. 1 in a store that folded its whole log; past the applied position wherever a
+    state arrived without its log being folded here (a migration, a snapshot, an import)."""
+
+    position: int
+
+
+class StoryMark(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """One command's verdict as the fold gave it (`kernel.effects.EntryOutcome`), stored
+    under (message id, log position, batch item). An array, in this field order: storage
+    encodes it from a tuple on the fold's hot path (`storage.story`). `record_type` is the
+    outcome's (COMMANDS_V1 for a batch refused as a whole); `persisted_at_ms` the entry's."""
+
+    persisted_at_ms: int
+    record_type: str
+    code: Code
+    applied: bool
+    generation: int | None
+    version: int | None
+    deliver_at_ms: int | None
+    txn: str | None
+    attempt_id: str | None
+
+
+class StoryMarkRow(msgspec.Struct, frozen=True):
+    """A mark with where it sits in the log: `index` is its item in a batch record (0 for
+    a single record)."""
+
+    position: int
+    index: int
+    mark: StoryMark
+
+
 class StoreOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Address space, not disk: LMDB grows the file as pages are used.
     map_size_bytes: int = 64 * 1024**3
@@ -183,6 +237,11 @@ def migrate(txn: Any, env: Any, header: StoreHeader) -> StoreHeader:
     header = msgspec.structs.replace(header, schema_version=SCHEMA_VERSION)
     txn.put(HEADER_KEY, encode_value(header), db=env.meta)
     return header
+
+
+def put_story_floor(txn: Any, meta_db: Any, position: int) -> None:
+    """Record where the story index begins (`StoryFloor`), in the caller's transaction."""
+    txn.put(STORY_FLOOR_KEY, encode_value(StoryFloor(position)), db=meta_db)
 
 
 def _peek_version(raw: bytes, path: str) -> int:

@@ -10,11 +10,12 @@ done by one module per job, each over the environment and a transaction this cla
   returns.
 * **the fold** (`storage.fold`): `apply` folds log entries through `kernel.reduce` inside
   ONE write transaction whose snapshot is also the reducer's base, then writes the overlay's
-  rows, the derived indexes (`storage.indexes`), payload garbage collection and the new
-  `ShardMeta` (which carries `appliedShardLogPosition`) into that same transaction and
-  commits it with sync. Only then are the batch's effects returned, so the runtime can never
-  act on state that a crash could take back. If the reducer raises (a broken invariant), the
-  transaction is aborted and nothing of the batch is written. What a caller wants written
+  rows, the derived indexes (`storage.indexes`), the story index's marks of the commands
+  (`storage.story`), payload garbage collection and the new `ShardMeta` (which carries
+  `appliedShardLogPosition`) into that same transaction and commits it with sync. Only
+  then are the batch's effects returned, so the runtime can never act on state that a crash
+  could take back. If the reducer raises (a broken invariant), the transaction is aborted
+  and nothing of the batch is written. What a caller wants written
   beside the fold travels as one `storage.request.FoldRequest`. `commit` is the embedded
   group commit: append and fold in one transaction.
 * **reads** (`storage.reads`): views over read snapshots; the runtime's claim rows go

@@ -15,7 +15,8 @@ reordered or damaged on the way, or a write that did not land, refuses the resto
 the store is used. Chunks are numbered and must arrive in order.
 
 The restored store's log starts after the covered position (`LogInfo.floor`): the entries
-before it are in the log the state was exported from, not here.
+before it are in the log the state was exported from, not here. So does its story index
+(the story floor): the story is the log's history, not state, and is not transferred.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from nereus.storage.schema import (
     SHARD_META_KEY,
     LogInfo,
     LogSource,
+    put_story_floor,
 )
 from nereus.storage.store import ShardStore
 
@@ -261,6 +263,7 @@ class StateImport:
             store.set_log_info(
                 txn, LogInfo(floor=manifest.position + 1, snapshot_position=manifest.position)
             )
+            put_story_floor(txn, env.meta, manifest.position + 1)
         store.reload_positions()
 
     def abandon(self) -> None:

@@ -35,7 +35,7 @@ from tests.support.lmdb_files import (
     pages_past_eof,
 )
 
-SHARD_DATABASES = 14
+SHARD_DATABASES = 15
 
 
 def build_short_env(path: Path, *, gap: bool = True) -> None:

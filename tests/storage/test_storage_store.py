@@ -565,7 +565,7 @@ def test_a_version_3_store_is_migrated_in_place_and_its_rows_still_read(tmp_path
                 del row["fence_id"]
                 txn.put(key, frame(msgspec.msgpack.encode(row)), db=db)
     with ShardStore.open(path) as store:
-        assert store.header.schema_version == SCHEMA_VERSION == 6
+        assert store.header.schema_version == SCHEMA_VERSION == 7
         with store.read() as view:
             (attempt,) = [a for _, a in view.items(Table.ATTEMPTS)]
         assert isinstance(attempt, k.Attempt) and attempt.fence_id is None
@@ -599,7 +599,7 @@ def test_a_version_5_store_gets_positional_rows_and_reads_as_before(
             as_map = txn.get(mid("a").encode(), db=env.tables[Table.MESSAGES])
     assert len(positional) * 2 < len(as_map)
     with caplog.at_level("INFO", logger="nereus.storage"), ShardStore.open(path) as store:
-        assert store.header.schema_version == SCHEMA_VERSION == 6
+        assert store.header.schema_version == SCHEMA_VERSION == 7
         with store.read() as view:
             assert {t: list(view.items(t)) for t in Table} == before
         assert replay_digest(store) == digest

@@ -43,6 +43,7 @@ from nereus.storage.codec import decode_struct, lane_index_key
 from nereus.storage.schema import PayloadBlob, StoreOptions
 from nereus.storage.store import ShardStore
 from tests.support.builders import T0_MS, TENANT
+from tests.support.story import rule_marks, story_problems
 
 # Small horizons and a small budget so expiry, retries and dead letters happen quickly.
 CONFIG = k.KernelConfig(
@@ -233,8 +234,8 @@ def entry_digest(entry: LogEntry) -> str:
 def check_reopened(path: str, where: str) -> int:
     """Reopen after a kill and compare the store with the replay of its durable log: dense,
     persistence times never going back, the materialized state equal to the log's replay up
-    to the applied position, payload bytes and the lane index exact. Returns the applied
-    position."""
+    to the applied position, payload bytes, the lane index and the story index exact.
+    Returns the applied position."""
     with ShardStore.open(path, config=CONFIG) as store:
         applied = store.meta.position
         entries = list(store.iter_log())
@@ -252,6 +253,8 @@ def check_reopened(path: str, where: str) -> int:
             f"{where}: store at position {applied} differs from the replay of its log"
         )
         problems = store_problems(store)
+        # The story is written in the fold's transaction: exactly the folded entries' marks.
+        problems += story_problems(store, rule_marks(entries[:applied], CONFIG))
         assert not problems, f"{where}: {problems}"
         return applied
 
