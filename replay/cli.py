@@ -12,8 +12,8 @@ shard and `--json` one document `{"shards": {"shard-0": {...}, ...}}`.
 `--fold memory` folds into Python objects (fast; ~1 KB of memory per live timer); `--fold
 disk` into a scratch LMDB store (`replay.disk`: memory bounded by a batch, the state in a
 file under `--scratch`, by default a temporary directory, removed afterwards). `auto`, the
-default, folds on disk once the state to rebuild covers more than `AUTO_DISK_POSITIONS`
-log positions.
+default, folds on disk once the state to rebuild covers more than
+`replay.audit.AUTO_DISK_POSITIONS` log positions.
 
 `--kafka BOOTSTRAP --shard N` rebuilds a shard from Kafka alone. Replay sits below the
 edges and imports none of them: the Kafka source is given to `register` from above (`nereus`
@@ -30,33 +30,21 @@ import argparse
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 
-from nereus.kernel.config import KernelConfig
-from nereus.kernel.digest import state_digest
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
-from nereus.kernel.records import LogEntry
-from nereus.kernel.state import State
-from nereus.replay.disk import replay_on_disk
-from nereus.replay.fold import ReplayResult, replay
+from nereus.replay.audit import folded, replay_open
+from nereus.replay.fold import ReplayResult
 from nereus.replay.layout import shard_stores
 from nereus.replay.progress import Progress
-from nereus.replay.verify import first_difference
 from nereus.storage.errors import StoreError
 from nereus.storage.jsonl import JsonlLog
-from nereus.storage.memory import MemoryStore
 from nereus.storage.schema import StoreOptions
-from nereus.storage.snapshot import latest_snapshot, read_snapshot, read_snapshot_header
 from nereus.storage.store import ShardStore
-
-# Past this many positions (about a gigabyte of Python objects if they were all live timers)
-# `--fold auto` folds on disk.
-AUTO_DISK_POSITIONS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -163,15 +151,18 @@ def _run(args: argparse.Namespace) -> int:
             )
         last = source.header.last_position if args.to is None else args.to
         entries = source.entries(1, args.to)
-        with _folded(
+        progress = Progress("replay", None, enabled=show_progress)
+        with folded(
             entries,
             config,
             snapshot=None,
             first=0,
             last=last,
-            args=args,
-            show_progress=show_progress,
+            fold=args.fold,
+            scratch=args.scratch,
+            on_progress=_progress_to(progress),
         ) as (result, _):
+            progress.finish()
             _print(result, args, verified=None)
         return 0
     stores = shard_stores(args.data, args.shard)
@@ -275,101 +266,30 @@ def _print_kafka(
 def _replay_store(
     path: str, args: argparse.Namespace, show_progress: bool
 ) -> tuple[ReplayResult, str | None]:
-    """Replay one store to --to (or its log's end); with --verify, compare it with the store:
-    "ok" or the first difference. The store is opened read-only, so this runs beside the
-    service that writes it; --verify compares one read transaction's state with the replay
-    up to that state's own position, which a writer moving on meanwhile changes on neither
-    side."""
+    """Replay one store to --to (or its log's end); with --verify, compare it with the store
+    (`replay.audit.replay_open`). The store is opened read-only, so this runs beside the
+    service that writes it."""
     options = StoreOptions(check_invariants_on_open=False)
-    with (
-        ShardStore.open(path, options=options, create=False, read_only=True) as store,
-        store.state_view() if args.verify else nullcontext() as live,
-    ):
-        if live is not None:
-            target = live.meta.position
-        else:
-            target = store.log_last_position if args.to is None else args.to
-        snapshot, first = _snapshot_below(store, target)
-        entries = store.iter_log(first + 1, target)
-        with _folded(
-            entries,
-            store.config,
-            snapshot=snapshot,
-            first=first,
-            last=target,
-            args=args,
-            show_progress=show_progress,
-        ) as (result, replayed):
-            if result.position != target:
-                raise StoreError(
-                    store.env.data_file,
-                    f"log ends at position {result.position}, before position {target}",
-                )
-            verified: str | None = None
-            if live is not None:
-                if state_digest(live) == result.digest:
-                    verified = "ok"
-                else:
-                    verified = first_difference(live, replayed) or "digests differ"
+    with ShardStore.open(path, options=options, create=False, read_only=True) as store:
+        progress = Progress("replay", None, enabled=show_progress)
+        result, verified, _ = replay_open(
+            store,
+            to=args.to,
+            verify=args.verify,
+            fold=args.fold,
+            scratch=args.scratch,
+            on_progress=_progress_to(progress),
+        )
+        progress.finish()
         return result, verified
 
 
-def _snapshot_below(store: ShardStore, target: int) -> tuple[str | None, int]:
-    """The snapshot a replay to `target` starts from (None: the log's start), and its
-    position."""
-    path = latest_snapshot(store)
-    if path is None:
-        return None, 0
-    header = read_snapshot_header(path)
-    if target < header.position:
-        raise StoreError(
-            path,
-            f"the log below position {store.log_info.floor} was compacted; "
-            f"the earliest reconstructible position is {header.position}",
-        )
-    return path, header.position
+def _progress_to(progress: Progress) -> Callable[[int, int], None]:
+    def update(done: int, total: int) -> None:
+        progress.total = total
+        progress.update(done)
 
-
-@contextmanager
-def _folded(
-    entries: Iterator[LogEntry],
-    config: KernelConfig,
-    *,
-    snapshot: str | None,
-    first: int,
-    last: int,
-    args: argparse.Namespace,
-    show_progress: bool,
-) -> Iterator[tuple[ReplayResult, State]]:
-    """Fold `entries` (after `snapshot`, at position `first`, if given) up to `last`, in
-    memory or on disk as `--fold` says; yields the result and the state reached."""
-    progress = Progress("replay", max(last - first, 0), enabled=show_progress)
-
-    def on_entry(position: int) -> None:
-        progress.update(position - first)
-
-    on_disk = args.fold == "disk" or (args.fold == "auto" and last > AUTO_DISK_POSITIONS)
-    if not on_disk:
-        start: MemoryStore | None = None
-        if snapshot is not None:
-            _, start = read_snapshot(snapshot, config)
-        memory, result = replay(entries, config, start=start, on_entry=on_entry)
-        progress.finish()
-        yield result, memory.state
-        return
-    scratch = tempfile.mkdtemp(prefix="nereus-replay-", dir=args.scratch)
-    try:
-        store, result = replay_on_disk(
-            entries, config, scratch, snapshot=snapshot, on_entry=on_entry
-        )
-        progress.finish()
-        try:
-            with store.state_view() as state:
-                yield result, state
-        finally:
-            store.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    return update
 
 
 def _doc(result: ReplayResult, args: argparse.Namespace, verified: str | None) -> dict[str, Any]:

@@ -114,6 +114,25 @@ class Metrics:
         with self._lock:
             return self._values.get(name, {}).get(_labels(labels), 0.0)
 
+    def histogram(self, name: str) -> tuple[tuple[float, ...], list[float]] | None:
+        """A histogram's bucket bounds and its count per bucket (not cumulative), summed over
+        every label set, the values above every bound last; None before any observation."""
+        with self._lock:
+            series = self._hist.get(name)
+            if not series:
+                return None
+            bounds = tuple(self._buckets[name])
+            total = [0.0] * (len(bounds) + 1)
+            for counts in series.values():
+                for i in range(len(total)):
+                    total[i] += counts[i]
+            return bounds, total
+
+    def total(self, name: str) -> float:
+        """A counter summed over every label set."""
+        with self._lock:
+            return sum(self._values.get(name, {}).values())
+
     def render(self) -> str:
         lines: list[str] = []
         with self._lock:
@@ -172,6 +191,12 @@ class ScopedMetrics(Metrics):
 
     def render(self) -> str:
         return self._parent.render()
+
+    def histogram(self, name: str) -> tuple[tuple[float, ...], list[float]] | None:
+        return self._parent.histogram(name)
+
+    def total(self, name: str) -> float:
+        return self._parent.total(name)
 
 
 def drop_series(metrics: Metrics, labels: dict[str, str]) -> None:

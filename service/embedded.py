@@ -39,6 +39,8 @@ from nereus.runtime.intake import CommandFuture
 from nereus.runtime.metrics import Metrics
 from nereus.runtime.shard import ShardRuntime
 from nereus.service.clock_bound import CLOCK_UNBOUNDED, clock_problem
+from nereus.service.inspect import Inspection
+from nereus.service.inspect_store import StoreInspection, opened
 from nereus.service.readiness import Reason, clock_reason, shard_reasons
 from nereus.service.results import Listing, Peek, listing_of, peek_of
 from nereus.storage.store import ShardStore
@@ -177,6 +179,10 @@ class EmbeddedService:
 
     def map_usage(self) -> float:
         return self.store.map_usage()
+
+    def inspection(self) -> Inspection:
+        shards = {0: opened(self.store, self.runtime)}
+        return StoreInspection(lambda: shards)
 
     def readiness(self) -> list[Reason]:
         runtime = self.runtime

@@ -33,6 +33,7 @@ from nereus.kernel.effects import EntryOutcome
 from nereus.kernel.model import Message, TenantUsage
 from nereus.kernel.records import Appendable
 from nereus.runtime.metrics import Metrics
+from nereus.service.inspect import Inspection
 from nereus.service.readiness import Reason
 from nereus.service.results import Peek
 
@@ -108,4 +109,9 @@ class TimerService(Protocol):
 
     def readiness(self) -> list[Reason]:
         """Why this process is not ready (`service.readiness`): empty when it is."""
+        ...
+
+    def inspection(self) -> Inspection | None:
+        """The operator console's reads (`service.inspect`), or None where this service
+        does not offer them."""
         ...

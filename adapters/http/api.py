@@ -45,6 +45,7 @@ import msgspec
 from nereus.adapters.http import routing
 from nereus.adapters.http.auth import Authenticator, Unauthorized
 from nereus.adapters.http.batch import identity_problem, json_field
+from nereus.adapters.http.console import Console
 from nereus.adapters.http.contract import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT, Route
 from nereus.adapters.http.errors import JSON, ApiError, Response, error_response, json_response
 from nereus.adapters.http.openapi import build_document
@@ -135,12 +136,14 @@ class TimerApi:
             ("GET", "/metrics"): self._metrics,
             ("GET", "/openapi.json"): self._openapi_doc,
         }
+        self.console = Console(self)
 
     @property
     def max_body_bytes(self) -> int:
         return self.tenancy.server.max_body_bytes
 
     def close(self) -> None:
+        self.console.close()
         self._reads.shutdown(wait=False)
 
     # Entry points -------------------------------------------------------------------------
@@ -164,6 +167,8 @@ class TimerApi:
         """The answer to one request; `raw_path` still percent-encoded, header names lower
         case. Never raises: a refusal is an error response, a bug is internal_error."""
         started = time.perf_counter()
+        if raw_path == "/console" or raw_path.startswith("/console/"):
+            return await self._console(method, raw_path, query, body, headers, started=started)
         found: routing.Match | None = None
         try:
             found = routing.match(method, raw_path)
@@ -180,6 +185,34 @@ class TimerApi:
             )
             response = error_response("internal_error", "internal error (logged)")
         label = found.label if found is not None else routing.label(method, raw_path)
+        self.observe(label, response.status, started)
+        return response
+
+    async def _console(
+        self,
+        method: str,
+        raw_path: str,
+        query: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        started: float,
+    ) -> Response:
+        """A console page (`adapters.http.console`), counted like any route."""
+        label = "other"
+        try:
+            label, response = await self.console.respond(method, raw_path, query, body, headers)
+        except ApiError as exc:
+            response = error_response(exc.code, str(exc), exc.headers)
+        except Exception as exc:  # a bug: answer, log, never blame the request
+            self.log.error(
+                "http_internal_error",
+                method=method,
+                route="console",
+                error=repr(exc),
+                traceback=traceback.format_exc(),
+            )
+            response = error_response("internal_error", "internal error (logged)")
         self.observe(label, response.status, started)
         return response
 

@@ -43,11 +43,22 @@ class Authenticator:
         token = token.strip()
         if scheme.lower() != _SCHEME or not token or " " in token:
             raise Unauthorized("malformed Authorization header: expected 'Bearer <token>'")
-        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        found = self.principal_of(self.digest_of(token))
+        if found is None:
+            raise Unauthorized("unknown token")
+        return found
+
+    def principal_of(self, digest: bytes) -> Principal | None:
+        """The principal a token's sha256 digest names (a console session keeps the digest,
+        never the token), compared as `authenticate` compares."""
+        if self._disabled_as is not None:
+            return self._disabled_as
         found: Principal | None = None
         for known, principal in self._credentials:
             if hmac.compare_digest(digest, known):
                 found = principal
-        if found is None:
-            raise Unauthorized("unknown token")
         return found
+
+    @staticmethod
+    def digest_of(token: str) -> bytes:
+        return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()

@@ -35,6 +35,7 @@ from typing import Any
 
 from nereus.adapters.kafka import reads
 from nereus.adapters.kafka.config import KafkaServiceConfig
+from nereus.adapters.kafka.inspect import kafka_inspection
 from nereus.adapters.kafka.ownership import ShardOwnership, ShardParts
 from nereus.adapters.kafka.rpc import CommandRpc
 from nereus.adapters.kafka.siblings import Part, Siblings, merge_parts
@@ -52,6 +53,7 @@ from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
 from nereus.service.clock_bound import clock_problem
 from nereus.service.errors import ShardNotLocal
+from nereus.service.inspect import Inspection
 from nereus.service.readiness import (
     OWNERSHIP_UNSETTLED,
     STOPPING,
@@ -256,6 +258,11 @@ class KafkaService:
         if self.config.own_shards:  # a client-only process fires nothing: no clock needed
             reasons += clock_reason(clock_problem(self.clock))
         return reasons
+
+    def inspection(self) -> Inspection:
+        """The console's reads over the shards this process owns now, each read under the
+        shard's lock (`adapters.kafka.inspect`)."""
+        return kafka_inspection(self.ownership, self.config.process_id)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         states = self.shard_states()

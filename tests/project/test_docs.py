@@ -214,7 +214,7 @@ def test_the_demo_installs_the_embedded_default_only() -> None:
     # The embedded default pulls none of what the other modes and the tools need.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
-    assert names == {"msgspec", "pyrsistent", "lmdb", "uvicorn", "h11"}
+    assert names == {"msgspec", "pyrsistent", "lmdb", "uvicorn", "h11", "jinja2"}
     for heavy in ("pulsar-client", "confluent-kafka", "matplotlib", "schemathesis", "mkdocs"):
         assert heavy not in names
 

@@ -19,7 +19,7 @@ import pytest
 from nereus import kernel as k
 from nereus.adapters.cli.main import main as nereus
 from nereus.kernel.model import ShardMeta
-from nereus.replay import cli as replay_cli
+from nereus.replay import audit as replay_audit
 from nereus.replay.fold import replay
 from nereus.storage.codec import encode_row, encode_value
 from nereus.storage.schema import SHARD_META_KEY
@@ -266,6 +266,6 @@ def test_auto_folds_on_disk_past_its_threshold(
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     expected = run_json(capsys, "--data", str(path))
     assert made == []
-    monkeypatch.setattr(replay_cli, "AUTO_DISK_POSITIONS", 5)
+    monkeypatch.setattr(replay_audit, "AUTO_DISK_POSITIONS", 5)
     assert run_json(capsys, "--data", str(path)) == expected
     assert len(made) == 1 and not Path(made[0]).exists()

@@ -256,11 +256,15 @@ def start_service(
     *,
     clock: ClockSource | None = None,
     tenancy: Tenancy | None = None,
+    destination: LocalDestination | None = None,
 ) -> Iterator[Service]:
-    """`doc` None: the default tenancy (no config, no authentication)."""
+    """`doc` None: the default tenancy (no config, no authentication). `destination`: a
+    local destination of the test's own (one that fails on purpose), under `data`."""
     if tenancy is None and doc is not None:
         tenancy = parse_tenancy(doc, "test.toml")
-    nereus = Nereus.open(str(data), clock=clock or SystemClock(assumed_error_ms=2))
+    nereus = Nereus.open(
+        str(data), clock=clock or SystemClock(assumed_error_ms=2), destination=destination
+    )
     backend = Backend(nereus)
     clock_s = [1000.0]
     api = TimerApi(backend, tenancy=tenancy, rate_limiter=RateLimiter(lambda: clock_s[0]))
