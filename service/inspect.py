@@ -25,7 +25,7 @@ import msgspec
 from nereus.storage.store import ShardStore
 
 # A queue's live timers are counted up to this many; a page says "at least" past it.
-LIVE_COUNT_CAP = 10_000
+LIVE_COUNT_CAP = 1_000
 
 
 class ShardHealth(msgspec.Struct, frozen=True):

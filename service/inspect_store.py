@@ -117,7 +117,7 @@ class StoreInspection:
                 names, truncated = reads.tenant_queues(view, tenant, limit)
                 more = more or truncated
                 for q in names:
-                    found[q] = _merge(found.get(q), _queue_row(view, tenant, q))
+                    found[q] = merge_rows(found.get(q), _queue_row(view, tenant, q))
         rows = [found[q] for q in sorted(found, key=lambda q: q.encode())]
         return rows[:limit], more or len(rows) > limit
 
@@ -189,7 +189,7 @@ def _queue_row(view: StoreView, tenant: str, queue: str) -> QueueRow:
     return QueueRow(queue, live, live >= LIVE_COUNT_CAP, due)
 
 
-def _merge(a: QueueRow | None, b: QueueRow) -> QueueRow:
+def merge_rows(a: QueueRow | None, b: QueueRow) -> QueueRow:
     """One queue's rows from two shards: counts add, the earlier due wins."""
     if a is None:
         return b

@@ -233,7 +233,9 @@ def join_siblings(
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         raise SystemExit(f"--sibling-dir needs {TOKEN_ENV} (set by the supervisor)")
-    reader = SiblingReader(token, service.peek_here, service.part_here, api.own_metrics)
+    reader = SiblingReader(
+        token, service.peek_here, service.part_here, api.own_metrics, service.inspect_here
+    )
     registry = SiblingDirectory(directory, name or f"pid-{os.getpid()}")
     reader.start()
     registry.register(reader.address)

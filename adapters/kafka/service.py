@@ -35,7 +35,7 @@ from typing import Any
 
 from nereus.adapters.kafka import reads
 from nereus.adapters.kafka.config import KafkaServiceConfig
-from nereus.adapters.kafka.inspect import kafka_inspection
+from nereus.adapters.kafka.inspect import MergedInspection, answer_sibling, kafka_inspection
 from nereus.adapters.kafka.ownership import ShardOwnership, ShardParts
 from nereus.adapters.kafka.rpc import CommandRpc
 from nereus.adapters.kafka.siblings import Part, Siblings, merge_parts
@@ -261,8 +261,13 @@ class KafkaService:
 
     def inspection(self) -> Inspection:
         """The console's reads over the shards this process owns now, each read under the
-        shard's lock (`adapters.kafka.inspect`)."""
-        return kafka_inspection(self.ownership, self.config.process_id)
+        shard's lock, and under a supervisor its siblings' too (`adapters.kafka.inspect`)."""
+        local = kafka_inspection(self.ownership, self.config.process_id)
+        return local if self.siblings is None else MergedInspection(local, self.siblings)
+
+    def inspect_here(self, call: str, args: list[Any]) -> Any:
+        """A sibling's console read, answered from the shards this process owns."""
+        return answer_sibling(kafka_inspection(self.ownership, self.config.process_id), call, args)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         states = self.shard_states()

@@ -115,6 +115,7 @@ class SiblingReader:
         peek: Callable[[str, str, str], Peek],
         part: Callable[[str, str, str | None, int], Part],
         metrics: Callable[[], str],
+        inspect: Callable[[str, list[Any]], Any] | None = None,
     ) -> None:
         reader = self
 
@@ -129,6 +130,7 @@ class SiblingReader:
         self._peek = peek
         self._part = part
         self._metrics = metrics
+        self._inspect = inspect
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
@@ -161,7 +163,11 @@ class SiblingReader:
                 return _reply(req, 200, msgspec.msgpack.encode(part))
             if url.path == "/metrics":
                 return _reply(req, 200, self._metrics().encode(), "text/plain; version=0.0.4")
-        except (KeyError, ValueError) as exc:
+            if url.path == "/inspect" and self._inspect is not None:
+                args = msgspec.json.decode(q["args"].encode(), type=list[Any])
+                answer = self._inspect(q["call"], args)
+                return _reply(req, 200, msgspec.msgpack.encode(answer))
+        except (KeyError, ValueError, TypeError, msgspec.DecodeError) as exc:
             return _reply(req, 400, str(exc).encode())
         return _reply(req, 404, b"")
 
@@ -224,6 +230,17 @@ class Siblings:
             body = self._get(address, "/part", query)
             if body is not None:
                 found.append(msgspec.msgpack.decode(body, type=Part))
+        return found
+
+    def inspect(self, call: str, args: list[Any], kind: Any) -> list[Any]:
+        """Each sibling's answer to one console read (`adapters.kafka.inspect`), decoded as
+        `kind`; a sibling that does not answer is left out, as a shard owned by nobody."""
+        query = {"call": call, "args": msgspec.json.encode(args).decode()}
+        found: list[Any] = []
+        for address in self.directory.others():
+            body = self._get(address, "/inspect", query)
+            if body is not None:
+                found.append(msgspec.msgpack.decode(body, type=kind))
         return found
 
     def metrics(self, own: str) -> str:

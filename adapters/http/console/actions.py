@@ -115,7 +115,7 @@ async def unblock(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
 async def audit_page(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
     jobs = c.audits.jobs()
     running = any(j.state == "running" for j in jobs.values())
-    stores = c.inspection.shard_stores() if c.inspection is not None else {}
+    stores = c.local_stores()
     return render.page(
         "audit.html",
         c.context(ctx, "Audit", jobs=jobs, shards=sorted(stores), running=running),

@@ -31,6 +31,7 @@ from nereus.adapters.http.console.session import (
 from nereus.adapters.http.errors import ApiError, Response
 from nereus.adapters.tenancy import Principal
 from nereus.service.inspect import Inspection
+from nereus.storage.store import ShardStore
 
 if TYPE_CHECKING:
     from nereus.adapters.http.api import TimerApi
@@ -70,9 +71,17 @@ class Console:
         self.api = api
         self.sessions = Sessions(session_key)
         self.lag = LagSampler(api.service.metrics)
-        self.inspection: Inspection | None = api.service.inspection()
+        self.audits = Audits(self.local_stores)
+
+    @property
+    def inspection(self) -> Inspection | None:
+        """Asked afresh: under `--processes` the service learns its siblings after the API
+        was built, and its inspection then answers for them too."""
+        return self.api.service.inspection()
+
+    def local_stores(self) -> Mapping[int, ShardStore]:
         inspection = self.inspection
-        self.audits = Audits(lambda: inspection.shard_stores() if inspection else {})
+        return inspection.shard_stores() if inspection is not None else {}
 
     def close(self) -> None:
         self.lag.stop()

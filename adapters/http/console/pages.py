@@ -20,7 +20,7 @@ from nereus.kernel.keys import message_id
 if TYPE_CHECKING:
     from nereus.adapters.http.console.app import Console
 
-QUEUES_PAGE: Final = 200
+QUEUES_PAGE: Final = 100
 TIMERS_PAGE: Final = 50
 RECENT: Final = 20
 OBLIGATIONS_PAGE: Final = 200

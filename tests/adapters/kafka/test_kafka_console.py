@@ -1,0 +1,81 @@
+"""The console in Kafka mode, against the real broker: `nereus serve --kafka --processes 2`
+answers every console page for the whole machine, whichever process accepts the connection
+(as /metrics does): the overview lists every shard, a timer's story is found on any shard,
+with the Kafka evidence of its publication (topic, partition, offset)."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from pathlib import Path
+
+from tests.adapters.kafka.test_kafka_processes import PROCESSES, SHARDS, _all_active, _serving
+from tests.support import kafka_env
+from tests.support.kafka_cluster import ServiceProc, Topics, schedule_many, wait_until
+from tests.support.kafka_env import create_topic, unique_topic
+
+kafka_bootstrap = kafka_env.kafka_bootstrap
+
+ASKS = 12  # fresh connections per page: each is taken by whichever process accepts it
+
+
+def _page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        assert resp.status == 200
+        assert "script-src" not in resp.headers["Content-Security-Policy"]
+        return str(resp.read().decode())
+
+
+def _shards_listed(text: str) -> set[int]:
+    table = text[text.index('id="shards"') : text.index("</table>", text.index('id="shards"'))]
+    return {int(n) for n in re.findall(r"<tr class=\"state-[^\"]+\">\s*<td>(\d+)</td>", table)}
+
+
+def test_every_process_answers_the_console_for_the_whole_machine(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    destination = create_topic(
+        kafka_bootstrap,
+        unique_topic("dest"),
+        partitions=2,
+        config={"message.timestamp.type": "LogAppendTime"},
+    )
+    topics = Topics.unique(destination)
+    sup = ServiceProc(
+        "sup",
+        kafka_bootstrap,
+        topics,
+        tmp_path / "data",
+        shards=SHARDS,
+        extra=("--processes", str(PROCESSES)),
+    )
+    keys = [f"c{i}" for i in range(16)]
+    try:
+        sup.start().wait_serving()
+        wait_until(lambda: len(_serving(sup)) == PROCESSES, 60, "both processes serving")
+        wait_until(lambda: _all_active(sup), 90, "the shards spread over both processes")
+        schedule_many(sup, keys, delay_ms=0)
+
+        def published() -> bool:
+            text = _page(f"{sup.url}/console/timer?queue={topics.queue}&key={keys[-1]}")
+            return "verdict-PUBLISHED" in text
+
+        wait_until(published, 60, "the last timer published")
+        overviews = [_page(f"{sup.url}/console/overview") for _ in range(ASKS)]
+        stories = [
+            _page(f"{sup.url}/console/timer?queue={topics.queue}&key={k}") for k in keys
+        ]
+        queues = [_page(f"{sup.url}/console/queues") for _ in range(ASKS)]
+        assert sup.stop() == 0
+    finally:
+        sup.kill()
+    for text in overviews:
+        assert _shards_listed(text) == set(range(SHARDS))
+    for key, text in zip(keys, stories, strict=True):
+        assert 'id="status"' in text and ">DELIVERED<" in text, key
+        assert "SCHEDULE_V1" in text and "verdict-PUBLISHED" in text, key
+        assert f'<span class="v">{destination}</span>' in text, key
+        assert re.search(r'<span class="k">offset</span> <span class="v">\d+</span>', text)
+    for text in queues:  # publications of every shard, whichever process answered
+        listed = set(re.findall(r"key=(c\d+)", text))
+        assert len(listed) > len(keys) // 2, listed
