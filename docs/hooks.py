@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TAKEN = {
     "specs/README.md": "design/specs.md",
     "specs/codes.md": "design/codes.md",
+    "specs/console.md": "design/console.md",
     "specs/compiled.md": "design/compiled.md",
     "specs/destinations.md": "design/destinations.md",
     "specs/http.md": "design/http.md",
