@@ -1098,6 +1098,58 @@ COMPILED_FOLDS: tuple[Mutant, ...] = (
     ),
 )
 
+CONSOLE_TESTS = ("tests/service/test_console_reads.py", "tests/console/test_console_http.py")
+SESSION_TESTS = (
+    "tests/adapters/http/test_console_session.py",
+    "tests/console/test_console_http.py",
+)
+CONSOLE = (
+    Mutant(
+        "V1",
+        "the console's story of a message id answers for any tenant",
+        "P10 tenants are isolated: another tenant's timer is absent on every route",
+        (
+            Edit(
+                "service/story.py",
+                "    if isinstance(m, Message) and m.tenant != tenant:\n        return None\n",
+                "",
+            ),
+            Edit(
+                "service/story.py",
+                "            if record.tenant != tenant:\n",
+                "            if False:\n",
+            ),
+        ),
+        CONSOLE_TESTS,
+        quick_tests=("tests/service/test_console_reads.py",),
+    ),
+    Mutant(
+        "V2",
+        "a console form's CSRF token is accepted whatever its value",
+        "P10 tenants are isolated: an action needs the credential's own session",
+        one(
+            "adapters/http/console/session.py",
+            "        return token is not None and hmac.compare_digest(",
+            "        return token is not None or hmac.compare_digest(",
+        ),
+        SESSION_TESTS,
+        quick_tests=("tests/adapters/http/test_console_session.py",),
+    ),
+    Mutant(
+        "V3",
+        "a console cookie is read without checking its signature",
+        "P10 tenants are isolated: a session is only what the server signed",
+        one(
+            "adapters/http/console/session.py",
+            '        if not hmac.compare_digest(sig, self._sign(b"session" + payload)):\n'
+            "            return None\n",
+            "",
+        ),
+        SESSION_TESTS,
+        quick_tests=("tests/adapters/http/test_console_session.py",),
+    ),
+)
+
 CATALOGUE: tuple[Mutant, ...] = (
     *TIME_RULES,
     *ADMISSION_CHECKS,
@@ -1117,4 +1169,5 @@ CATALOGUE: tuple[Mutant, ...] = (
     *ONE_CODE_LIST,
     *CONSUMERS,
     *COMPILED_FOLDS,
+    *CONSOLE,
 )

@@ -4,13 +4,17 @@ story and the audit, each checked against the rule in specs/console.md."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from nereus.adapters.http.console.session import Session
 from nereus.kernel.keys import message_id
 from tests.support.console_client import Page, Visitor
 from tests.support.http_harness import (
@@ -100,6 +104,12 @@ def test_a_forged_or_altered_cookie_is_no_session(svc: Service) -> None:
     ):
         v.jar["nereus_console"] = forged
         assert v.get("/console/overview").status == 303, forged
+    # A well-formed session naming another credential, under a signature the server gave
+    # for a different one: the identity is swapped, the signature is not its own.
+    swapped = Session("0" * 32, hashlib.sha256(b"globex-all").hexdigest(), 2_000_000_000)
+    encoded = base64.urlsafe_b64encode(msgspec.msgpack.encode(swapped)).rstrip(b"=").decode()
+    v.jar["nereus_console"] = f"{encoded}.{sig}"
+    assert v.get("/console/overview").status == 303
 
 
 def test_every_page_carries_the_policy_and_no_script(svc: Service) -> None:

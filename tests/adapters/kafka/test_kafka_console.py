@@ -62,9 +62,7 @@ def test_every_process_answers_the_console_for_the_whole_machine(
 
         wait_until(published, 60, "the last timer published")
         overviews = [_page(f"{sup.url}/console/overview") for _ in range(ASKS)]
-        stories = [
-            _page(f"{sup.url}/console/timer?queue={topics.queue}&key={k}") for k in keys
-        ]
+        stories = [_page(f"{sup.url}/console/timer?queue={topics.queue}&key={k}") for k in keys]
         queues = [_page(f"{sup.url}/console/queues") for _ in range(ASKS)]
         assert sup.stop() == 0
     finally:
