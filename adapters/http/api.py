@@ -169,24 +169,35 @@ class TimerApi:
         started = time.perf_counter()
         if raw_path == "/console" or raw_path.startswith("/console/"):
             return await self._console(method, raw_path, query, body, headers, started=started)
-        found: routing.Match | None = None
+        found: list[routing.Match] = []
+
+        async def answer() -> Response:
+            found.append(routing.match(method, raw_path))
+            return await self._route(found[0], query, body, headers)
+
+        response = await self._answered(answer, method, routing.label(method, raw_path))
+        label = found[0].label if found else routing.label(method, raw_path)
+        self.observe(label, response.status, started)
+        return response
+
+    async def _answered(
+        self, answer: Callable[[], Awaitable[Response]], method: str, route: str
+    ) -> Response:
+        """`answer()`, or the error response of its refusal; a bug is logged and answered
+        internal_error: a request's content never causes anything else."""
         try:
-            found = routing.match(method, raw_path)
-            response = await self._route(found, query, body, headers)
+            return await answer()
         except ApiError as exc:
-            response = error_response(exc.code, str(exc), exc.headers)
+            return error_response(exc.code, str(exc), exc.headers)
         except Exception as exc:  # a bug: answer, log, never blame the request
             self.log.error(
                 "http_internal_error",
                 method=method,
-                route=routing.label(method, raw_path),
+                route=route,
                 error=repr(exc),
                 traceback=traceback.format_exc(),
             )
-            response = error_response("internal_error", "internal error (logged)")
-        label = found.label if found is not None else routing.label(method, raw_path)
-        self.observe(label, response.status, started)
-        return response
+            return error_response("internal_error", "internal error (logged)")
 
     async def _console(
         self,
@@ -199,21 +210,14 @@ class TimerApi:
         started: float,
     ) -> Response:
         """A console page (`adapters.http.console`), counted like any route."""
-        label = "other"
-        try:
-            label, response = await self.console.respond(method, raw_path, query, body, headers)
-        except ApiError as exc:
-            response = error_response(exc.code, str(exc), exc.headers)
-        except Exception as exc:  # a bug: answer, log, never blame the request
-            self.log.error(
-                "http_internal_error",
-                method=method,
-                route="console",
-                error=repr(exc),
-                traceback=traceback.format_exc(),
-            )
-            response = error_response("internal_error", "internal error (logged)")
-        self.observe(label, response.status, started)
+        labels = ["other"]
+
+        async def answer() -> Response:
+            labels[0], response = await self.console.respond(method, raw_path, query, body, headers)
+            return response
+
+        response = await self._answered(answer, method, "console")
+        self.observe(labels[0], response.status, started)
         return response
 
     def observe(self, route: str, status: int, started: float) -> None:

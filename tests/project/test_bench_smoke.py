@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The quick suite in parts, so that the suite's workers run them side by side; the parts
 # together are every bench. pulsar_fire uses the shared Pulsar broker and so runs with that
 # broker's other tests (tests/conftest.py), on one worker.
-LOCAL = ("kernel_apply", "overlays", "fire", "storage_apply", "cost", "replay_fold")
+LOCAL = ("kernel_apply", "overlays", "fire", "storage_apply", "cost", "replay_fold", "console")
 KAFKA = ("http_api", "kafka_fire", "kafka_processes", "recovery")
 PULSAR = ("pulsar_fire",)
 

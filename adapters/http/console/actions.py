@@ -10,6 +10,7 @@ it: status, code and message.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 from nereus.adapters.http.batch import identity_problem
@@ -18,7 +19,8 @@ from nereus.adapters.http.console.app import PREFIX, Ctx, route
 from nereus.adapters.http.console.session import clear_cookie, set_cookie
 from nereus.adapters.http.errors import ApiError, Response
 from nereus.adapters.http.writes import commit_errors
-from nereus.kernel.records import Cancel, Reschedule
+from nereus.kernel.effects import EntryOutcome
+from nereus.kernel.records import Appendable
 from nereus.service.arguments import cancel_record, reschedule_record
 from nereus.service.codes import NAMES_JSON
 from nereus.service.results import Result, to_result
@@ -65,20 +67,13 @@ async def cancel(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
     if problem is not None:
         return c.refusal(problem, 400, ctx)
     item = cancel_record(queue, key, tenant=ctx.who.tenant)
-    record = item[0]
-    assert isinstance(record, Cancel)
-    try:
-        with commit_errors():
-            outcomes = await c.api.service.cancel_async(
-                [item], lambda: c.api.policy.take_delete(ctx.who), c.api.commit_timeout_s
-            )
-    except ApiError as exc:
-        return c.refusal(f"{exc.code}: {exc}", exc.status, ctx)
-    if outcomes is None:
-        return c.refusal("rate_limited: this credential's cancels are over its rate", 429, ctx)
-    result = to_result(outcomes[0], record, c.api.kernel, NAMES_JSON)
-    _log(c, ctx, "cancel", result)
-    return _verdict(c, ctx, "Cancel", result)
+
+    async def commit() -> list[EntryOutcome] | None:
+        return await c.api.service.cancel_async(
+            [item], lambda: c.api.policy.take_delete(ctx.who), c.api.commit_timeout_s
+        )
+
+    return await _command(c, ctx, "Cancel", item, commit)
 
 
 @route("POST", "/console/actions/reschedule", "admin")
@@ -92,16 +87,31 @@ async def reschedule(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
         item = reschedule_record(queue, key, delay_ms=delay_ms, tenant=ctx.who.tenant)
     except (TypeError, ValueError) as exc:
         return c.refusal(f"invalid_timing: {exc}", 400, ctx)
-    record = item[0]
-    assert isinstance(record, Reschedule)
+
+    async def commit() -> list[EntryOutcome] | None:
+        return await c.api.service.execute_async([item], c.api.commit_timeout_s)
+
+    return await _command(c, ctx, "Reschedule", item, commit)
+
+
+async def _command(
+    c: Console,
+    ctx: Ctx,
+    what: str,
+    item: Appendable,
+    commit: Callable[[], Awaitable[list[EntryOutcome] | None]],
+) -> Response:
+    """Commit one command and show its verdict (None from `commit`: rate limited)."""
     try:
         with commit_errors():
-            outcomes = await c.api.service.execute_async([item], c.api.commit_timeout_s)
+            outcomes = await commit()
     except ApiError as exc:
         return c.refusal(f"{exc.code}: {exc}", exc.status, ctx)
-    result = to_result(outcomes[0], record, c.api.kernel, NAMES_JSON)
-    _log(c, ctx, "reschedule", result)
-    return _verdict(c, ctx, "Reschedule", result)
+    if outcomes is None:
+        return c.refusal("rate_limited: this credential's cancels are over its rate", 429, ctx)
+    result = to_result(outcomes[0], item[0], c.api.kernel, NAMES_JSON)
+    _log(c, ctx, what.lower(), result)
+    return _verdict(c, ctx, what, result)
 
 
 @route("POST", "/console/actions/unblock", "admin")

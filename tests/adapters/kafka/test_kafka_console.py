@@ -9,9 +9,15 @@ import re
 import urllib.request
 from pathlib import Path
 
-from tests.adapters.kafka.test_kafka_processes import PROCESSES, SHARDS, _all_active, _serving
+from tests.adapters.kafka.test_kafka_processes import (
+    PROCESSES,
+    SHARDS,
+    _all_active,
+    _serving,
+    _supervisor,
+)
 from tests.support import kafka_env
-from tests.support.kafka_cluster import ServiceProc, Topics, schedule_many, wait_until
+from tests.support.kafka_cluster import Topics, schedule_many, wait_until
 from tests.support.kafka_env import create_topic, unique_topic
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
@@ -41,14 +47,7 @@ def test_every_process_answers_the_console_for_the_whole_machine(
         config={"message.timestamp.type": "LogAppendTime"},
     )
     topics = Topics.unique(destination)
-    sup = ServiceProc(
-        "sup",
-        kafka_bootstrap,
-        topics,
-        tmp_path / "data",
-        shards=SHARDS,
-        extra=("--processes", str(PROCESSES)),
-    )
+    sup = _supervisor(kafka_bootstrap, topics, tmp_path)
     keys = [f"c{i}" for i in range(16)]
     try:
         sup.start().wait_serving()
