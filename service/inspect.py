@@ -24,6 +24,8 @@ import msgspec
 
 from nereus.storage.store import ShardStore
 
+# A search by txn reads this many of the newest log entries (there is no index by txn).
+TXN_WINDOW_ENTRIES = 10_000
 # A queue's live timers are counted up to this many; a page says "at least" past it.
 LIVE_COUNT_CAP = 1_000
 
@@ -164,6 +166,11 @@ class Inspection(Protocol):
 
     def message_of_attempt(self, tenant: str, attempt_id: str) -> str | None:
         """The message id an attempt id belongs to, if it is the tenant's."""
+        ...
+
+    def message_of_txn(self, tenant: str, txn: str) -> str | None:
+        """The message the newest command of the tenant with this txn named, among the
+        newest `TXN_WINDOW_ENTRIES` log entries of each shard."""
         ...
 
     def obligations(self, tenant: str | None, limit: int) -> tuple[list[ObligationRow], bool]:

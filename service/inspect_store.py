@@ -23,12 +23,20 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 
-from nereus.kernel.keys import parse_timeline_key
+from nereus.kernel.keys import message_id, parse_timeline_key
 from nereus.kernel.model import Attempt, Message, Obligation, Status, Table
-from nereus.kernel.records import Published, PublishOutcome, members
+from nereus.kernel.records import (
+    Cancel,
+    Published,
+    PublishOutcome,
+    Reschedule,
+    Schedule,
+    members,
+)
 from nereus.runtime.shard import ShardRuntime
 from nereus.service.inspect import (
     LIVE_COUNT_CAP,
+    TXN_WINDOW_ENTRIES,
     Delivery,
     ObligationRow,
     QueueRow,
@@ -146,6 +154,19 @@ class StoreInspection:
                 m = view.get(Table.MESSAGES, attempt.message_id.encode())
                 if isinstance(m, Message) and m.tenant == tenant:
                     return m.message_id
+        return None
+
+    def message_of_txn(self, tenant: str, txn: str) -> str | None:
+        for _, store, _ in self._open():
+            with store.read() as view:
+                for entry in reads.newest_entries(view, TXN_WINDOW_ENTRIES):
+                    for record in reversed(members(entry.record)):
+                        if (
+                            isinstance(record, Schedule | Reschedule | Cancel)
+                            and record.txn == txn
+                            and record.tenant == tenant
+                        ):
+                            return message_id(tenant, record.queue, record.timer_key)
         return None
 
     def obligations(self, tenant: str | None, limit: int) -> tuple[list[ObligationRow], bool]:

@@ -64,6 +64,7 @@ CALLS: Final[dict[str, Any]] = {
     "recent_deliveries": list[Delivery],
     "story": Story | None,
     "message_of_attempt": str | None,
+    "message_of_txn": str | None,
     "obligations": tuple[list[ObligationRow], bool],
 }
 
@@ -121,6 +122,12 @@ class MergedInspection:
         if found is not None:
             return found
         return next((m for m in self._others("message_of_attempt", tenant, attempt_id) if m), None)
+
+    def message_of_txn(self, tenant: str, txn: str) -> str | None:
+        found = self.local.message_of_txn(tenant, txn)
+        if found is not None:
+            return found
+        return next((m for m in self._others("message_of_txn", tenant, txn) if m), None)
 
     def obligations(self, tenant: str | None, limit: int) -> tuple[list[ObligationRow], bool]:
         rows, more = self.local.obligations(tenant, limit)

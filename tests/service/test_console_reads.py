@@ -113,6 +113,18 @@ def test_the_shards_figures_count_what_the_store_holds(fired: tuple[Nereus, Insp
     n, inspection = fired
     (shard,) = inspection.shards()
     assert shard.state == "active" and shard.fold_lag == 0
-    assert shard.live_timers == 2 * len(QUEUES) * 5
+    assert shard.live_timers == n.store.meta.counters.scheduled
     assert shard.delivered == 2 and shard.open_obligations == 0
     assert shard.applied_position == n.store.meta.position
+
+
+def test_a_txn_finds_its_tenants_timer_only(fired: tuple[Nereus, Inspection]) -> None:
+    n, inspection = fired
+    for tenant in TENANTS:
+        n.schedule(
+            "q2", f"by-txn-{tenant}", b"z", delay_ms=3_600_000, txn="order-42", tenant=tenant
+        )
+    for viewer in TENANTS:
+        found = inspection.message_of_txn(viewer, "order-42")
+        assert found == message_id(viewer, "q2", f"by-txn-{viewer}")
+    assert inspection.message_of_txn("acme", "order-43") is None

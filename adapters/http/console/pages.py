@@ -129,7 +129,7 @@ async def queue(c: Console, ctx: Ctx, params: dict[str, str]) -> Response:
 async def timer(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
     insp = c.inspection
     q = ctx.query
-    search = {k: q.get(k, "") for k in ("queue", "key", "message", "attempt")}
+    search = {k: q.get(k, "") for k in ("queue", "key", "message", "attempt", "txn")}
     context: dict[str, Any] = {"search": search, "story": None, "searched": False}
     if insp is None:
         return c.refusal(_MISSING, 501, ctx)
@@ -151,8 +151,11 @@ async def _message_id(c: Console, ctx: Ctx, search: dict[str, str]) -> str | Non
         return message_id(tenant, search["queue"], search["key"])
     if search["message"]:
         return search["message"].strip().lower()
-    if search["attempt"] and c.inspection is not None:
-        return await c.api._read(c.inspection.message_of_attempt, tenant, search["attempt"].strip())
+    insp = c.inspection
+    if search["attempt"] and insp is not None:
+        return await c.api._read(insp.message_of_attempt, tenant, search["attempt"].strip())
+    if search["txn"] and insp is not None:
+        return await c.api._read(insp.message_of_txn, tenant, search["txn"])
     return None
 
 
