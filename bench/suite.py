@@ -39,6 +39,7 @@ NAMES = (
     "overlays",
     "fire",
     "http_api",
+    "console",
     "storage_apply",
     "kafka_fire",
     "kafka_processes",
@@ -83,6 +84,9 @@ ORDER = (
     "pulsar_lag_ordinary",
     "pulsar_lag_handoff",
     "pulsar_early",
+    "console_p99",
+    "console_burst_p99",
+    "console_audit_p99",
 )
 
 
@@ -130,6 +134,9 @@ class Settings:
     cost_timers: int
     cost_instructions: bool
     replay_live: list[int]
+    console_timers: int
+    console_renders: int
+    console_burst: int
     out: str
     cpu: int
     plots: list[str] = field(default_factory=list)
@@ -182,6 +189,10 @@ def settings(args: argparse.Namespace) -> Settings:
         # Instructions (callgrind, ~2 min) where valgrind is installed, except in --quick.
         cost_instructions=not q and shutil.which("valgrind") is not None,
         replay_live=[10_000] if q else [1_000_000] + ([10_000_000] if args.replay_10m else []),
+        console_timers=10_000 if q else 1_000_000,
+        # After the burst a queue page takes about a second: 50 rounds are ~4 minutes.
+        console_renders=10 if q else 50,
+        console_burst=2_000 if q else 50_000,
         out=out,
         cpu=max(os.sched_getaffinity(0)),
     )
@@ -360,6 +371,29 @@ def _http_api(s: Settings, figs: dict[str, Figure]) -> Any:
     f = figs["http_500"]
     f.value, f.met = burst["ok"], burst["ok"] == burst["clients"]
     f.note = f"all at once, answered in {burst['elapsed_s']} s, p99 {burst['p99_ms']} ms"
+    return r
+
+
+def _console(s: Settings, figs: dict[str, Figure]) -> Any:
+    from bench import console  # noqa: PLC0415  (late: see Bench)
+
+    r = console.run(s.console_timers, s.console_renders, s.console_burst)
+    size = _fmt(s.console_timers)
+    for fid, phase in (
+        ("console_p99", "calm"),
+        ("console_burst_p99", "burst"),
+        ("console_audit_p99", "audit"),
+    ):
+        p = r[phase]
+        f = figs[fid]
+        f.title = f.title.replace("1M", size).replace("50,000", f"{s.console_burst:,}")
+        f.value, f.baseline = p["slowest_p99_ms"], p["slowest_raw_p99_ms"]
+        f.ratio = round(f.value / f.baseline, 2) if f.baseline else None
+        f.met = p["all_met"]
+        f.note = f"slowest: {p['slowest_page']}; " + ", ".join(
+            f"{row['page']} {row['p99_ms']}" for row in p["pages"] if "p99_ms" in row
+        )
+        f.note += f" (p99 ms over {p['rounds']} renders a page)"
     return r
 
 
@@ -622,6 +656,22 @@ def declare() -> dict[str, tuple[Bench, list[Figure]]]:
                        "<= 100 ms"),
                 Figure("http_500", "HTTP connections answered of 500 opened at once",
                        "http_api", "connections", "== 500"),
+            ],
+        ),
+        "console": (
+            _console,
+            [
+                Figure("console_p99", "console page p99, slowest page, 1M live timers",
+                       "console", "ms", "<= 200 ms (every page)", baseline_unit="ms",
+                       baseline_what="p99 of that page's own service reads, same rounds"),
+                Figure("console_burst_p99",
+                       "console page p99, slowest page, 1M live, after 50,000 deliveries",
+                       "console", "ms", "<= 200 ms (every page)", baseline_unit="ms",
+                       baseline_what="p99 of that page's own service reads, same rounds"),
+                Figure("console_audit_p99",
+                       "console page p99, slowest page, 1M live, while its audit runs",
+                       "console", "ms", "<= 200 ms (every page)", baseline_unit="ms",
+                       baseline_what="p99 of that page's own service reads, same rounds"),
             ],
         ),
         "kafka_fire": (
