@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 TARGET_MS = 200.0
 TENANT = DEFAULT_TENANT  # the tenant every viewer is when authentication is off
-QUEUES = 128
+QUEUES = 128  # past the queues page (100), each past the count cap (1,000) at 1M
 BIG, QUIET, HELD = "q0", "q1", "held"
 STORY_KEY = "story"
 STORY_TXN = "story-last"
