@@ -41,6 +41,7 @@ KINDS = {
     "U": "consumers at least once, woken across processes (issue 32, item 5)",
     "F": "the framing of stored values, in both builds (issue 34)",
     "X": "the compiled folds of the fire's records, against the reducer (issue 34)",
+    "V": "the operator console's tenancy, sessions and CSRF (issue 35)",
 }
 
 
