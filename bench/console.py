@@ -55,7 +55,7 @@ from nereus.kernel.keys import DEFAULT_TENANT, message_id
 from nereus.kernel.records import Published, PublishOutcome, members
 from nereus.runtime.destination import Send
 from nereus.service.arguments import reschedule_record, schedule_record
-from nereus.service.inspect_store import RECENT_WINDOW_ENTRIES
+from nereus.service.inspect import RECENT_WINDOW_ENTRIES, RECENT_WINDOW_RECORDS
 from nereus.storage import inspect as reads
 from nereus.storage.schema import StoreOptions
 
@@ -179,7 +179,7 @@ def give_burst(nereus: Nereus, count: int) -> dict[str, Any]:
     _until("the burst", _at_least(lambda: _shard(nereus).delivered, target), WAIT_S + count / 500)
     took_s = time.time() - due_ms / 1000
     with nereus.store.read() as view:
-        entries = list(reads.newest_entries(view, RECENT_WINDOW_ENTRIES))
+        entries = list(reads.newest_entries(view, RECENT_WINDOW_ENTRIES, RECENT_WINDOW_RECORDS))
     published = sum(
         isinstance(r, PublishOutcome) and isinstance(r.result, Published)
         for e in entries
@@ -260,13 +260,15 @@ def pages(nereus: Nereus, timers: int) -> list[Page]:
         return lambda: (
             service.list_timers(queue, after, 50, tenant=TENANT),
             insp().recent_deliveries(TENANT, queue, 20),
+            insp().dead_letters(TENANT, queue, 20),
         )
 
     return [
         Page("overview", "/console/overview", "",
              lambda: (insp().shards(), service.tenant_usage(TENANT))),
         Page("queues", "/console/queues", "",
-             lambda: (insp().queues(TENANT, 100), insp().recent_deliveries(TENANT, None, 20))),
+             lambda: (insp().queues(TENANT, 100), insp().recent_deliveries(TENANT, None, 20),
+                      insp().dead_letters(TENANT, None, 20))),
         Page(f"queue {BIG}", f"/console/queues/{BIG}", "", queue_reads(BIG, None)),
         Page(f"queue {BIG}, after= middle key", f"/console/queues/{BIG}",
              f"after={quote(middle)}", queue_reads(BIG, middle)),

@@ -24,8 +24,18 @@ import msgspec
 
 from nereus.storage.store import ShardStore
 
-# A search by txn reads this many of the newest log entries (there is no index by txn).
+# A search by txn reads the newest log entries of each shard, up to this many entries or
+# this many records, whichever comes first (there is no index by txn).
 TXN_WINDOW_ENTRIES = 10_000
+TXN_WINDOW_RECORDS = 20_000
+# "Recent" deliveries and dead letters are those among the newest entries of each shard, up
+# to this many entries or records: each publication found costs a message read, so the
+# window is bounded by what a burst wrote, not by how many entries held it.
+RECENT_WINDOW_ENTRIES = 2_000
+RECENT_WINDOW_RECORDS = 4_000
+# The obligations page sorts at most this many open attempts per shard by admission time
+# (in-flight attempts are bounded by the per-lane claim bound, far below it).
+OBLIGATIONS_SORT_CAP = 20_000
 # A queue's live timers are counted up to this many; a page says "at least" past it.
 LIVE_COUNT_CAP = 1_000
 
@@ -79,6 +89,20 @@ class Delivery(msgspec.Struct, frozen=True):
     partition: int
     offset: int
     timestamp_ms: int
+
+
+class DeadLetter(msgspec.Struct, frozen=True):
+    """A dead-lettered generation: its copy still owed, or written recently (at `copy`)."""
+
+    queue: str
+    timer_key: str
+    message_id: str
+    generation: int
+    attempts_spent: int
+    last_error: str | None
+    position: int | None  # where the log recorded the copy; None: the copy is still owed
+    persisted_at_ms: int | None
+    copy: str | None  # destination[partition]@offset of the copy; None: still owed
 
 
 class Event(msgspec.Struct, frozen=True):
@@ -156,8 +180,13 @@ class Inspection(Protocol):
         ...
 
     def recent_deliveries(self, tenant: str, queue: str | None, limit: int) -> list[Delivery]:
-        """Publications of the tenant (of `queue`, if given) among the newest log entries,
-        newest first."""
+        """Publications of the tenant (of `queue`, if given) within each shard's recent window
+        (`RECENT_WINDOW_ENTRIES`, `RECENT_WINDOW_RECORDS`), newest first."""
+        ...
+
+    def dead_letters(self, tenant: str, queue: str | None, limit: int) -> list[DeadLetter]:
+        """The tenant's dead letters (of `queue`, if given): every copy still owed, then the
+        copies written among the newest log entries, newest first."""
         ...
 
     def story(self, tenant: str, message_id: str) -> Story | None:
@@ -169,12 +198,12 @@ class Inspection(Protocol):
         ...
 
     def message_of_txn(self, tenant: str, txn: str) -> str | None:
-        """The message the newest command of the tenant with this txn named, among the
-        newest `TXN_WINDOW_ENTRIES` log entries of each shard."""
+        """The message the newest command of the tenant with this txn named, within each
+        shard's txn window (`TXN_WINDOW_ENTRIES`, `TXN_WINDOW_RECORDS`)."""
         ...
 
     def obligations(self, tenant: str | None, limit: int) -> tuple[list[ObligationRow], bool]:
-        """Open obligations, oldest first: the tenant's (None: every tenant's)."""
+        """Open obligations, oldest admission first: the tenant's (None: every tenant's)."""
         ...
 
     def shard_stores(self) -> Mapping[int, ShardStore]:

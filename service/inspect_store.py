@@ -24,9 +24,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 
 from nereus.kernel.keys import message_id, parse_timeline_key
-from nereus.kernel.model import Attempt, Message, Obligation, Status, Table
+from nereus.kernel.model import Attempt, DeadLetterPending, Message, Obligation, Status, Table
 from nereus.kernel.records import (
     Cancel,
+    DeadLetterWritten,
+    Evidence,
     Published,
     PublishOutcome,
     Reschedule,
@@ -36,7 +38,12 @@ from nereus.kernel.records import (
 from nereus.runtime.shard import ShardRuntime
 from nereus.service.inspect import (
     LIVE_COUNT_CAP,
+    OBLIGATIONS_SORT_CAP,
+    RECENT_WINDOW_ENTRIES,
+    RECENT_WINDOW_RECORDS,
     TXN_WINDOW_ENTRIES,
+    TXN_WINDOW_RECORDS,
+    DeadLetter,
     Delivery,
     ObligationRow,
     QueueRow,
@@ -47,9 +54,6 @@ from nereus.service.story import build_story
 from nereus.storage import inspect as reads
 from nereus.storage.base import StoreView
 from nereus.storage.store import ShardStore
-
-# How far back in the log "recent deliveries" looks, in entries.
-RECENT_WINDOW_ENTRIES = 2_000
 
 Shard = tuple[ShardStore, ShardRuntime]
 Access = Callable[[], AbstractContextManager[Shard | None]]
@@ -137,6 +141,16 @@ class StoreInspection:
         out.sort(key=lambda d: d.persisted_at_ms, reverse=True)
         return out[:limit]
 
+    def dead_letters(self, tenant: str, queue: str | None, limit: int) -> list[DeadLetter]:
+        owed: list[DeadLetter] = []
+        written: list[DeadLetter] = []
+        for _, store, _ in self._open():
+            with store.read() as view:
+                owed.extend(_owed(view, tenant, queue, limit))
+                written.extend(_written(view, tenant, queue, limit))
+        written.sort(key=lambda d: d.persisted_at_ms or 0, reverse=True)
+        return (owed + written)[:limit]
+
     def story(self, tenant: str, message_id: str) -> Story | None:
         for _, store, _ in self._open():
             with store.read() as view:
@@ -159,7 +173,8 @@ class StoreInspection:
     def message_of_txn(self, tenant: str, txn: str) -> str | None:
         for _, store, _ in self._open():
             with store.read() as view:
-                for entry in reads.newest_entries(view, TXN_WINDOW_ENTRIES):
+                window = reads.newest_entries(view, TXN_WINDOW_ENTRIES, TXN_WINDOW_RECORDS)
+                for entry in window:
                     for record in reversed(members(entry.record)):
                         if (
                             isinstance(record, Schedule | Reschedule | Cancel)
@@ -171,26 +186,48 @@ class StoreInspection:
 
     def obligations(self, tenant: str | None, limit: int) -> tuple[list[ObligationRow], bool]:
         rows: list[ObligationRow] = []
+        more = False
         now_ms = int(time.time() * 1000)
         for shard, store, _ in self._open():
             with store.read() as view:
-                for key, value in view.items(Table.OBLIGATIONS):
-                    if not isinstance(value, Obligation):
-                        continue
+                # Oldest first over all of them, then the tenant's: a page taken before the
+                # sort would be the first by attempt id, not the oldest.
+                open_now, capped = _open_attempts(view)
+                more = more or capped
+                found = 0
+                for attempt_id, ob in open_now:
                     row = _obligation(
                         view,
                         shard=shard,
-                        attempt_id=key.decode(),
-                        ob=value,
+                        attempt_id=attempt_id,
+                        ob=ob,
                         tenant=tenant,
                         now_ms=now_ms,
                     )
-                    if row is not None:
-                        rows.append(row)
-                    if len(rows) > limit:
+                    if row is None:
+                        continue
+                    if found == limit:
+                        more = True
                         break
+                    rows.append(row)
+                    found += 1
         rows.sort(key=lambda r: r.admitted_at_ms)
-        return rows[:limit], len(rows) > limit
+        return rows[:limit], more or len(rows) > limit
+
+
+def _open_attempts(view: StoreView) -> tuple[list[tuple[str, Obligation]], bool]:
+    """The shard's open attempts, oldest admission first (ties by attempt id), at most
+    `OBLIGATIONS_SORT_CAP`; and whether more were left unread."""
+    out: list[tuple[str, Obligation]] = []
+    capped = False
+    for key, value in view.items(Table.OBLIGATIONS):
+        if len(out) == OBLIGATIONS_SORT_CAP:
+            capped = True
+            break
+        if isinstance(value, Obligation):
+            out.append((key.decode(), value))
+    out.sort(key=lambda item: (item[1].admitted_at_ms, item[0]))
+    return out, capped
 
 
 def _state(runtime: ShardRuntime) -> tuple[str, str | None]:
@@ -222,14 +259,12 @@ def merge_rows(a: QueueRow | None, b: QueueRow) -> QueueRow:
 
 def _deliveries(view: StoreView, tenant: str, queue: str | None, limit: int) -> list[Delivery]:
     out: list[Delivery] = []
-    for entry in reads.newest_entries(view, RECENT_WINDOW_ENTRIES):
+    for entry in reads.newest_entries(view, RECENT_WINDOW_ENTRIES, RECENT_WINDOW_RECORDS):
         for record in members(entry.record):
             if not isinstance(record, PublishOutcome) or not isinstance(record.result, Published):
                 continue
-            m = view.get(Table.MESSAGES, record.message_id.encode())
-            if not isinstance(m, Message) or m.tenant != tenant:
-                continue
-            if queue is not None and m.queue != queue:
+            m = _tenants_message(view, record.message_id, tenant, queue)
+            if m is None:
                 continue
             ev = record.result.evidence
             out.append(
@@ -250,6 +285,72 @@ def _deliveries(view: StoreView, tenant: str, queue: str | None, limit: int) -> 
             if len(out) >= limit:
                 return out
     return out
+
+
+def _tenants_message(view: StoreView, mid: str, tenant: str, queue: str | None) -> Message | None:
+    """The message row, if it is the tenant's (and of `queue`, if given)."""
+    m = view.get(Table.MESSAGES, mid.encode())
+    if not isinstance(m, Message) or m.tenant != tenant:
+        return None
+    return m if queue is None or m.queue == queue else None
+
+
+def _owed(view: StoreView, tenant: str, queue: str | None, limit: int) -> list[DeadLetter]:
+    """Dead-letter copies still owed (at most `LIVE_COUNT_CAP` read: the table holds only
+    copies not yet written, a handful unless the destination refuses them)."""
+    out: list[DeadLetter] = []
+    for n, (_, value) in enumerate(view.items(Table.DEAD_LETTERS)):
+        if n == LIVE_COUNT_CAP or len(out) == limit:
+            break
+        if not isinstance(value, DeadLetterPending):
+            continue
+        m = _tenants_message(view, value.message_id, tenant, queue)
+        if m is not None:
+            out.append(
+                DeadLetter(
+                    m.queue,
+                    m.timer_key,
+                    m.message_id,
+                    value.generation,
+                    value.attempts_spent,
+                    value.last_error,
+                    None,
+                    None,
+                    None,
+                )
+            )
+    return out
+
+
+def _written(view: StoreView, tenant: str, queue: str | None, limit: int) -> list[DeadLetter]:
+    out: list[DeadLetter] = []
+    for entry in reads.newest_entries(view, RECENT_WINDOW_ENTRIES, RECENT_WINDOW_RECORDS):
+        for record in members(entry.record):
+            if not isinstance(record, DeadLetterWritten):
+                continue
+            m = _tenants_message(view, record.message_id, tenant, queue)
+            if m is None:
+                continue
+            out.append(
+                DeadLetter(
+                    m.queue,
+                    m.timer_key,
+                    m.message_id,
+                    record.generation,
+                    m.attempts_admitted if m.generation == record.generation else 0,
+                    m.last_error if m.generation == record.generation else None,
+                    entry.position,
+                    entry.persisted_at_ms,
+                    _at(record.evidence),
+                )
+            )
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def _at(ev: Evidence) -> str:
+    return f"{ev.destination}[{ev.partition}]@{ev.offset}"
 
 
 def _obligation(

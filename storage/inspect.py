@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from nereus.kernel.records import LogEntry
+from nereus.kernel.records import (
+    CommandBatch,
+    LogEntry,
+    PublishAdmissions,
+    PublishOutcomes,
+    Record,
+)
 from nereus.storage.base import StoreView
 from nereus.storage.codec import decode_entry, key_position, lane_prefix, position_key
 
@@ -24,17 +30,29 @@ def log_entry(view: StoreView, position: int) -> LogEntry | None:
     return decode_entry(raw, env.data_file, position)
 
 
-def newest_entries(view: StoreView, limit: int) -> Iterator[LogEntry]:
-    """The newest `limit` log entries, newest first."""
+def newest_entries(view: StoreView, limit: int, records: int | None = None) -> Iterator[LogEntry]:
+    """The newest `limit` log entries, newest first, stopping after the entry that brings the
+    records read to `records` (an entry is a batch of up to hundreds of records, so a window
+    counted in entries alone costs what the busiest moment wrote)."""
     env = view._env
+    seen = 0
     with view._txn.cursor(db=env.log) as cursor:
         if not cursor.last():
             return
         for _ in range(limit):
             key, raw = cursor.item()
-            yield decode_entry(raw, env.data_file, key_position(key))
-            if not cursor.prev():
+            entry = decode_entry(raw, env.data_file, key_position(key))
+            yield entry
+            seen += width(entry.record)
+            if (records is not None and seen >= records) or not cursor.prev():
                 return
+
+
+def width(record: Record) -> int:
+    """How many records `record` stands for (`kernel.records.members`), without building them."""
+    if isinstance(record, PublishAdmissions | PublishOutcomes | CommandBatch):
+        return len(record.items)
+    return 1
 
 
 def tenant_queues(view: StoreView, tenant: str, limit: int) -> tuple[list[str], bool]:

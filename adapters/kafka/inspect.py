@@ -23,6 +23,7 @@ from typing import Any, Final
 from nereus.adapters.kafka.ownership import OwnedShard, ShardOwnership
 from nereus.adapters.kafka.siblings import Siblings
 from nereus.service.inspect import (
+    DeadLetter,
     Delivery,
     Inspection,
     ObligationRow,
@@ -62,6 +63,7 @@ CALLS: Final[dict[str, Any]] = {
     "shards": list[ShardHealth],
     "queues": tuple[list[QueueRow], bool],
     "recent_deliveries": list[Delivery],
+    "dead_letters": list[DeadLetter],
     "story": Story | None,
     "message_of_attempt": str | None,
     "message_of_txn": str | None,
@@ -109,6 +111,14 @@ class MergedInspection:
         for part in self._others("recent_deliveries", tenant, queue, limit):
             rows.extend(part)
         rows.sort(key=lambda d: d.persisted_at_ms, reverse=True)
+        return rows[:limit]
+
+    def dead_letters(self, tenant: str, queue: str | None, limit: int) -> list[DeadLetter]:
+        rows = self.local.dead_letters(tenant, queue, limit)
+        for part in self._others("dead_letters", tenant, queue, limit):
+            rows.extend(part)
+        # Owed copies first (no position), then the written ones, newest first.
+        rows.sort(key=lambda d: (d.position is not None, -(d.persisted_at_ms or 0)))
         return rows[:limit]
 
     def story(self, tenant: str, message_id: str) -> Story | None:

@@ -20,6 +20,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.selenium_manager import SeleniumManager
+from selenium.webdriver.support.wait import WebDriverWait
 
 from tests.support.browser import (
     WINDOW,
@@ -131,7 +132,10 @@ def test_a_form_posts_with_javascript_off(browser_without_js: webdriver.Chrome, 
     assert browser_without_js.find_element(By.ID, "noscript").text == "scripts are off"
     browser_without_js.find_element(By.ID, "name").send_keys("ada & co")
     browser_without_js.find_element(By.ID, "send").click()
-    echo = browser_without_js.find_element(By.ID, "echo")
+    # The click only starts the navigation: wait for the answer's page, as a person would.
+    echo = WebDriverWait(browser_without_js, 30).until(
+        lambda d: d.find_element(By.ID, "echo"), "the posted form's answer"
+    )
     assert echo.text == "posted ada & co"
     assert browser_without_js.current_url == f"{site}/echo"
     # Scripts off, the inline script is never run, so the policy has nothing to report.

@@ -5,16 +5,27 @@ tests/console/test_console_http.py checks the same over HTTP and the login."""
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nereus import Nereus
+from nereus.adapters.clock import SimulatedClock
+from nereus.adapters.local.destination import LocalDestination
+from nereus.adapters.tenant_topics import local_topic
+from nereus.kernel.codes import Code
+from nereus.kernel.config import KernelConfig
 from nereus.kernel.keys import message_id
+from nereus.kernel.records import Capability, Schedule
+from nereus.runtime.destination import Send
 from nereus.service.inspect import Inspection
+from nereus.service.inspect_store import StoreInspection, opened
+from tests.support.runtime_harness import T0_MS, CrashBeforeWrite, Harness
 
 TENANTS = ("acme", "globex")
 QUEUES = ("q1", "q2", "q3")
@@ -128,3 +139,113 @@ def test_a_txn_finds_its_tenants_timer_only(fired: tuple[Nereus, Inspection]) ->
         found = inspection.message_of_txn(viewer, "order-42")
         assert found == message_id(viewer, "q2", f"by-txn-{viewer}")
     assert inspection.message_of_txn("acme", "order-43") is None
+
+
+class HoldingDestination(LocalDestination):
+    """Never answers the sends of some topics: their attempts stay open obligations."""
+
+    def __init__(self, path: str, held: set[str]) -> None:
+        super().__init__(path)
+        self.held = held
+
+    def _submit(self, sends: Sequence[Send], now_ms: int) -> None:
+        super()._submit([s for s in sends if s.prepared.topic not in self.held], now_ms)
+
+
+def test_obligations_are_the_oldest_admissions_first_whatever_their_attempt_ids(
+    tmp_path: Path,
+) -> None:
+    """Three waves, a second apart: globex's, then acme's twice. acme's page of one wave's
+    size is exactly its first wave (attempt ids are hashes: their order is not the age)."""
+    wave = 30
+    held = {local_topic("acme", "held"), local_topic("globex", "held")}
+    destination = HoldingDestination(str(tmp_path / "destination"), held)
+    n = Nereus.open(str(tmp_path / "data"), destination=destination, assume_clock_error_ms=2)
+    n.start()
+    try:
+        waves = [("globex", "g"), ("acme", "a"), ("acme", "b")]
+        inspection = n.service.inspection()
+        for i, (tenant, prefix) in enumerate(waves):
+            for k in range(wave):
+                n.schedule("held", f"{prefix}{k}", b"x", delay_ms=1, tenant=tenant)
+            count = (i + 1) * wave
+            _until(lambda: len(inspection.obligations(None, 1_000)[0]) == count)  # noqa: B023
+            time.sleep(1.0)
+        rows, more = inspection.obligations("acme", wave)
+        assert more
+        assert {r.timer_key for r in rows} == {f"a{k}" for k in range(wave)}
+        assert [r.admitted_at_ms for r in rows] == sorted(r.admitted_at_ms for r in rows)
+        first, _ = inspection.obligations("acme", 5)
+        assert {r.timer_key for r in first} <= {f"a{k}" for k in range(wave)}
+        everyone, more = inspection.obligations(None, wave)
+        assert {r.timer_key for r in everyone} == {f"g{k}" for k in range(wave)}
+    finally:
+        n.close()
+
+
+def _until(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _doomed(tenant: str, queue: str, key: str) -> tuple[Schedule, bytes]:
+    """A schedule whose capability the local destination does not offer: every claim fails
+    before a send, so its budget is spent and it is dead-lettered."""
+    payload = b"p"
+    return (
+        Schedule(
+            tenant,
+            queue,
+            key,
+            f"t-{key}",
+            hashlib.sha256(payload).hexdigest(),
+            len(payload),
+            delay_ms=0,
+            capability=Capability("delayed_handoff"),
+        ),
+        payload,
+    )
+
+
+def test_dead_letters_are_listed_owed_then_written_and_only_to_their_tenant(
+    tmp_path: Path,
+) -> None:
+    kernel = KernelConfig()
+    h = Harness(tmp_path, SimulatedClock(T0_MS, error_ms=5))
+    try:
+        items = [_doomed("acme", "q", "k"), _doomed("acme", "r", "k"), _doomed("globex", "q", "k")]
+        assert all(o.code is Code.SCHEDULED for o in h.run(items))
+        inspection = StoreInspection(lambda: {0: opened(h.store, h.runtime)})
+        h.crash_before_write = True  # the dead-letter commit lands; the copy is not written
+        for _ in range(kernel.max_attempts + 1):
+            h.clock.advance(kernel.backoff_max_ms)
+            try:
+                h.tick(2)
+            except CrashBeforeWrite:
+                break
+        owed = inspection.dead_letters("acme", None, 10)
+        assert {(d.queue, d.timer_key, d.copy) for d in owed} == {
+            ("q", "k", None),
+            ("r", "k", None),
+        }
+        assert all(d.attempts_spent == kernel.max_attempts for d in owed)
+        assert [d.queue for d in inspection.dead_letters("globex", None, 10)] == ["q"]
+        assert [d.queue for d in inspection.dead_letters("acme", "r", 10)] == ["r"]
+        assert inspection.dead_letters("initech", None, 10) == []
+        h.crash()
+        h.crash_before_write = False
+        h.reopen()
+        inspection = StoreInspection(lambda: {0: opened(h.store, h.runtime)})
+        for _ in range(5):
+            h.tick()
+        written = inspection.dead_letters("acme", "q", 10)
+        assert len(written) == 1
+        evidence = h.message("k", "q", tenant="acme").dead_letter_evidence
+        assert evidence is not None and written[0].position is not None
+        assert written[0].copy == f"{evidence.destination}[{evidence.partition}]@{evidence.offset}"
+        assert evidence.destination.endswith("q.dlq")
+        assert written[0].last_error == "capability_mismatch"
+    finally:
+        h.close()

@@ -53,6 +53,8 @@ class Ctx:
     form: Mapping[str, str]
     zone: str | None
     auth_disabled: bool
+    # Taken once per request: under `--processes` each one asks the siblings afresh.
+    inspection: Inspection | None = None
 
 
 Handler = Callable[["Console", Ctx, dict[str, str]], Awaitable[Response]]
@@ -130,6 +132,7 @@ class Console:
             form,
             _zone(headers),
             self.disabled,
+            self.inspection,
         )
         if route.needs not in who.grants:
             return label, self.refusal(f"This page needs the {route.needs!r} grant.", 403, ctx)
@@ -194,7 +197,7 @@ class Console:
             "path": ctx.path,
             "target": ctx.target,
             "is_admin": "admin" in ctx.who.grants,
-            "inspection": self.inspection is not None,
+            "inspection": ctx.inspection is not None,
             **values,
         }
 

@@ -8,6 +8,7 @@ costs what it shows.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
 
 from nereus.adapters.http.batch import identity_problem
@@ -16,6 +17,7 @@ from nereus.adapters.http.console.app import PREFIX, Ctx, route
 from nereus.adapters.http.console.lag import chart
 from nereus.adapters.http.errors import ApiError, Response
 from nereus.kernel.keys import message_id
+from nereus.service.inspect import Inspection
 
 if TYPE_CHECKING:
     from nereus.adapters.http.console.app import Console
@@ -60,7 +62,7 @@ async def login_form(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
 
 @route("GET", "/console/overview", "read")
 async def overview(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
-    insp = c.inspection
+    insp = ctx.inspection
     shards = (
         await c.api._read(insp.shards) if insp is not None and "admin" in ctx.who.grants else []
     )
@@ -84,12 +86,25 @@ async def overview(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
 
 @route("GET", "/console/queues", "read")
 async def queues(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
-    insp = c.inspection
+    insp = ctx.inspection
     if insp is None:
         return c.refusal(_MISSING, 501, ctx)
     rows, more = await c.api._read(insp.queues, ctx.who.tenant, QUEUES_PAGE)
     recent = await c.api._read(insp.recent_deliveries, ctx.who.tenant, None, RECENT)
-    return render.page("queues.html", c.context(ctx, "Queues", rows=rows, more=more, recent=recent))
+    dead = await c.api._read(insp.dead_letters, ctx.who.tenant, None, RECENT)
+    dead_by_queue = Counter(d.queue for d in dead)
+    return render.page(
+        "queues.html",
+        c.context(
+            ctx,
+            "Queues",
+            rows=rows,
+            more=more,
+            recent=recent,
+            dead=dead,
+            dead_by_queue=dead_by_queue,
+        ),
+    )
 
 
 @route("GET", "/console/queues/{queue}", "read")
@@ -105,9 +120,14 @@ async def queue(c: Console, ctx: Ctx, params: dict[str, str]) -> Response:
         )
     except ApiError as exc:
         return c.refusal(str(exc), exc.status, ctx)
-    insp = c.inspection
+    insp = ctx.inspection
     recent = (
         await c.api._read(insp.recent_deliveries, ctx.who.tenant, name, RECENT)
+        if insp is not None
+        else []
+    )
+    dead = (
+        await c.api._read(insp.dead_letters, ctx.who.tenant, name, RECENT)
         if insp is not None
         else []
     )
@@ -121,19 +141,20 @@ async def queue(c: Console, ctx: Ctx, params: dict[str, str]) -> Response:
             more=more,
             next_after=rows[-1].timer_key if more and rows else None,
             recent=recent,
+            dead=dead,
         ),
     )
 
 
 @route("GET", "/console/timer", "read")
 async def timer(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
-    insp = c.inspection
+    insp = ctx.inspection
     q = ctx.query
     search = {k: q.get(k, "") for k in ("queue", "key", "message", "attempt", "txn")}
     context: dict[str, Any] = {"search": search, "story": None, "searched": False}
     if insp is None:
         return c.refusal(_MISSING, 501, ctx)
-    mid = await _message_id(c, ctx, search)
+    mid = await _message_id(c, ctx, insp, search)
     if mid is not None:
         context["searched"] = True
         context["story"] = await c.api._read(insp.story, ctx.who.tenant, mid)
@@ -142,7 +163,7 @@ async def timer(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
     return render.page("timer.html", c.context(ctx, "Timer", **context))
 
 
-async def _message_id(c: Console, ctx: Ctx, search: dict[str, str]) -> str | None:
+async def _message_id(c: Console, ctx: Ctx, insp: Inspection, search: dict[str, str]) -> str | None:
     """The message a search names, within the viewer's tenant."""
     tenant = ctx.who.tenant
     if search["queue"] and search["key"]:
@@ -151,17 +172,16 @@ async def _message_id(c: Console, ctx: Ctx, search: dict[str, str]) -> str | Non
         return message_id(tenant, search["queue"], search["key"])
     if search["message"]:
         return search["message"].strip().lower()
-    insp = c.inspection
-    if search["attempt"] and insp is not None:
+    if search["attempt"]:
         return await c.api._read(insp.message_of_attempt, tenant, search["attempt"].strip())
-    if search["txn"] and insp is not None:
+    if search["txn"]:
         return await c.api._read(insp.message_of_txn, tenant, search["txn"])
     return None
 
 
 @route("GET", "/console/obligations", "read")
 async def obligations(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
-    insp = c.inspection
+    insp = ctx.inspection
     if insp is None:
         return c.refusal(_MISSING, 501, ctx)
     rows, more = await c.api._read(insp.obligations, ctx.who.tenant, OBLIGATIONS_PAGE)
