@@ -1148,6 +1148,19 @@ CONSOLE = (
         SESSION_TESTS,
         quick_tests=("tests/adapters/http/test_console_session.py",),
     ),
+    Mutant(
+        "V4",
+        "the console's recent deliveries and dead letters answer any tenant's messages",
+        "P10 tenants are isolated: another tenant's timer is absent on every route",
+        one(
+            "service/inspect_store.py",
+            "    if not isinstance(m, Message) or m.tenant != tenant:\n        return None\n"
+            "    return m if queue is None",
+            "    if not isinstance(m, Message):\n        return None\n    return m if queue is None",
+        ),
+        ("tests/service/test_console_reads.py", "tests/console/test_console_dead_letters.py"),
+        quick_tests=("tests/service/test_console_reads.py",),
+    ),
 )
 
 CATALOGUE: tuple[Mutant, ...] = (
