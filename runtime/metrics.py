@@ -63,6 +63,10 @@ class Metrics:
         self._values: dict[str, dict[LabelKey, float]] = {}
         self._hist: dict[str, dict[LabelKey, list[float]]] = {}
         self._buckets: dict[str, Sequence[float]] = {}
+        # Counts per bucket of histogram series forgotten by `drop_series`: `histogram` keeps
+        # them, so the difference of two readings (the console's lag windows) never goes
+        # negative when a shard moves away.
+        self._dropped: dict[str, list[float]] = {}
 
     def describe(self, name: str, kind: str, text: str) -> None:
         self._help[name] = (kind, text)
@@ -116,14 +120,15 @@ class Metrics:
 
     def histogram(self, name: str) -> tuple[tuple[float, ...], list[float]] | None:
         """A histogram's bucket bounds and its count per bucket (not cumulative), summed over
-        every label set, the values above every bound last; None before any observation."""
+        every label set, the values above every bound last; None before any observation.
+        Monotonic: the counts of series forgotten by `drop_series` stay in it."""
         with self._lock:
             series = self._hist.get(name)
-            if not series:
+            if not series and name not in self._dropped:
                 return None
             bounds = tuple(self._buckets[name])
-            total = [0.0] * (len(bounds) + 1)
-            for counts in series.values():
+            total = list(self._dropped.get(name, [0.0] * (len(bounds) + 1)))
+            for counts in (series or {}).values():
                 for i in range(len(total)):
                     total[i] += counts[i]
             return bounds, total
@@ -210,6 +215,9 @@ def drop_series(metrics: Metrics, labels: dict[str, str]) -> None:
         for values in root._values.values():
             for key in [k for k in values if want <= set(k)]:
                 del values[key]
-        for hist in root._hist.values():
+        for name, hist in root._hist.items():
             for key in [k for k in hist if want <= set(k)]:
+                kept = root._dropped.setdefault(name, [0.0] * (len(root._buckets[name]) + 1))
+                for i in range(len(kept)):
+                    kept[i] += hist[key][i]
                 del hist[key]

@@ -7,7 +7,8 @@ processes on different machines do. It binds the HTTP socket once and every proc
 it (`--http-fd`), so each connection is accepted by one of them and clients see one address.
 Reads of a shard another process owns go to that process over a private loopback port
 (`adapters.kafka.siblings`), registered in DATA/siblings with a token made fresh at each start;
-a scrape of /metrics gathers every process's metrics over the same ports and merges them.
+a scrape of /metrics gathers every process's metrics over the same ports and merges them, and
+the console's fire-lag chart sums every process's lag windows (`adapters.http.console.lag_merge`).
 
 The supervisor owns DATA (`storage.lock`) while it runs, and each process its own data
 directory, DATA/process-<i>, which it keeps across restarts, so a restarted process rejoins
@@ -227,14 +228,20 @@ def inherited_socket(fd: int) -> socket.socket:
 def join_siblings(
     service: KafkaService, api: TimerApi, directory: str, name: str | None
 ) -> Callable[[], None]:
-    """Serve this process's reads and metrics to its siblings and ask them for theirs (a
-    read of a shard owned elsewhere, every scrape of /metrics); returns the step that leaves
+    """Serve this process's reads, metrics and lag windows to its siblings and ask them for
+    theirs (a read of a shard owned elsewhere, every scrape of /metrics, every overview);
+    returns the step that leaves
     (first in the stopping order: the siblings stop asking before the shards go)."""
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         raise SystemExit(f"--sibling-dir needs {TOKEN_ENV} (set by the supervisor)")
     reader = SiblingReader(
-        token, service.peek_here, service.part_here, api.own_metrics, service.inspect_here
+        token,
+        service.peek_here,
+        service.part_here,
+        api.own_metrics,
+        inspect=service.inspect_here,
+        lag=api.console.lag_answer,
     )
     registry = SiblingDirectory(directory, name or f"pid-{os.getpid()}")
     reader.start()
@@ -242,6 +249,7 @@ def join_siblings(
     siblings = Siblings(registry, token)
     service.siblings = siblings
     api.machine_metrics = siblings.metrics
+    api.console.sibling_lag = siblings.lag
 
     def leave() -> None:
         registry.unregister()

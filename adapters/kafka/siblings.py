@@ -7,14 +7,17 @@ of the shards it owns on a private loopback port (`SiblingReader`), and register
 in the supervisor's directory (`SiblingDirectory`). A process asked for a timer whose shard
 it does not own asks its siblings (`Siblings.peek`); a listing, which reads every shard,
 gathers each sibling's part (`Siblings.parts`); a scrape of `/metrics` gathers each sibling's
-own metrics and merges them (`Siblings.metrics`, `adapters.kafka.exposition`), so one
-address answers for the machine. The private port accepts only requests carrying the
+own metrics and merges them (`Siblings.metrics`, `adapters.kafka.exposition`), and the
+console's fire-lag chart gathers each sibling's lag windows (`Siblings.lag`, opaque bytes
+here: `adapters.http.console.lag_merge` decodes and sums them), so one address answers for
+the machine. The private port accepts only requests carrying the
 supervisor's token (`NEREUS_SIBLING_TOKEN`, made fresh at each start), so
 another local user cannot read timers through it without the service's credentials. A
 sibling's answer is as fresh as a local read (its shard's latest commit); a shard that no
 process owns right now (a rebalance) is `ShardNotLocal`, as it is for a single process. A
 sibling that does not answer a scrape in `METRICS_TIMEOUT_S` (restarting, stuck) is left out
-of it and counted in `nereus_metrics_siblings_missing`: the scrape itself never fails for it.
+of it and counted in `nereus_metrics_siblings_missing`: the scrape itself never fails for it;
+the lag chart leaves such a sibling out in the same way, and says so.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ TIMEOUT_S = 10.0
 # A scrape waits this long for its siblings, all asked at once: a live process renders its
 # metrics in milliseconds, and Prometheus gives a whole scrape 10 s by default.
 METRICS_TIMEOUT_S = 2.0
+# The overview waits as long for its siblings' lag windows (each is a copy of a few lists).
+LAG_TIMEOUT_S = 2.0
 MERGED = "nereus_metrics_processes"
 MISSING = "nereus_metrics_siblings_missing"
 
@@ -106,8 +111,10 @@ class SiblingDirectory:
 
 
 class SiblingReader:
-    """This process's private read port: peeks and listing parts of the shards it owns, and
-    its own metrics (`metrics`: the exposition text, unmerged)."""
+    """This process's private read port: peeks and listing parts of the shards it owns, its
+    own metrics (`metrics`: the exposition text, unmerged), the console's reads (`inspect`)
+    and its console's lag windows (`lag`: encoded by the console, which starts its sampler
+    when first asked)."""
 
     def __init__(
         self,
@@ -115,7 +122,9 @@ class SiblingReader:
         peek: Callable[[str, str, str], Peek],
         part: Callable[[str, str, str | None, int], Part],
         metrics: Callable[[], str],
+        *,
         inspect: Callable[[str, list[Any]], Any] | None = None,
+        lag: Callable[[], bytes] | None = None,
     ) -> None:
         reader = self
 
@@ -131,6 +140,7 @@ class SiblingReader:
         self._part = part
         self._metrics = metrics
         self._inspect = inspect
+        self._lag = lag
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
@@ -163,6 +173,8 @@ class SiblingReader:
                 return _reply(req, 200, msgspec.msgpack.encode(part))
             if url.path == "/metrics":
                 return _reply(req, 200, self._metrics().encode(), "text/plain; version=0.0.4")
+            if url.path == "/lag" and self._lag is not None:
+                return _reply(req, 200, self._lag())
             if url.path == "/inspect" and self._inspect is not None:
                 args = msgspec.json.decode(q["args"].encode(), type=list[Any])
                 answer = self._inspect(q["call"], args)
@@ -249,7 +261,7 @@ class Siblings:
         registered siblings are not."""
         parts = [(self.directory.name, exposition.parse(own))]
         missing = 0
-        for name, body in self._gather_metrics():
+        for name, body in self._gather("/metrics", METRICS_TIMEOUT_S):
             families = _parsed(body)
             if families is None:
                 missing += 1
@@ -260,18 +272,23 @@ class Siblings:
             merged[family.name] = family
         return exposition.render(merged)
 
-    def _gather_metrics(self) -> list[tuple[str, bytes | None]]:
-        """Each sibling's own metrics, asked all at once; None for one that did not answer
-        within `METRICS_TIMEOUT_S`."""
+    def lag(self) -> list[bytes | None]:
+        """Each registered sibling's console lag windows (encoded), asked all at once; None
+        for one that did not answer within `LAG_TIMEOUT_S`."""
+        return [body for _, body in self._gather("/lag", LAG_TIMEOUT_S)]
+
+    def _gather(self, path: str, timeout_s: float) -> list[tuple[str, bytes | None]]:
+        """Each sibling's answer to `path`, asked all at once; None for one that did not
+        answer within `timeout_s`."""
         entries = self.directory.entries()
         if not entries:
             return []
-        pool = ThreadPoolExecutor(len(entries), thread_name_prefix="nereus-sibling-metrics")
+        pool = ThreadPoolExecutor(len(entries), thread_name_prefix="nereus-sibling-gather")
         asked: list[tuple[str, Future[bytes | None]]] = [
-            (name, pool.submit(self._get, address, "/metrics", {}, METRICS_TIMEOUT_S))
+            (name, pool.submit(self._get, address, path, {}, timeout_s))
             for name, address in entries
         ]
-        wait([f for _, f in asked], timeout=METRICS_TIMEOUT_S)
+        wait([f for _, f in asked], timeout=timeout_s)
         # A sibling still trickling its answer is not waited for: its thread ends with its
         # socket's timeout.
         pool.shutdown(wait=False, cancel_futures=True)

@@ -18,10 +18,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+import msgspec
+
 from nereus.adapters.http import routing
 from nereus.adapters.http.console import render
 from nereus.adapters.http.console.audit import Audits
 from nereus.adapters.http.console.lag import LagSampler
+from nereus.adapters.http.console.lag_merge import LagView, SiblingLag, machine_view
 from nereus.adapters.http.console.session import (
     Session,
     Sessions,
@@ -73,6 +76,9 @@ class Console:
         self.api = api
         self.sessions = Sessions(session_key)
         self.lag = LagSampler(api.service.metrics)
+        # Under `serve --processes`: asks every sibling for its lag windows (set by
+        # `adapters.compose.processes.join_siblings`); None draws this process's alone.
+        self.sibling_lag: SiblingLag | None = None
         self.audits = Audits(self.local_stores)
 
     @property
@@ -84,6 +90,16 @@ class Console:
     def local_stores(self) -> Mapping[int, ShardStore]:
         inspection = self.inspection
         return inspection.shard_stores() if inspection is not None else {}
+
+    def lag_view(self) -> LagView:
+        """The fire-lag windows of the whole machine (may ask the siblings: off the loop)."""
+        return machine_view(self.lag, self.sibling_lag)
+
+    def lag_answer(self) -> bytes:
+        """This process's lag windows, as a sibling asks for them; the first question starts
+        the sampler, as a first page does."""
+        self.lag.start()
+        return msgspec.msgpack.encode(self.lag.deltas())
 
     def close(self) -> None:
         self.lag.stop()

@@ -2,22 +2,29 @@
 
 Theory of operation: the runtime already counts every published attempt's lag (deliveredAt
 minus deliverAt) in the `nereus_fire_lag_seconds` histogram. A sampler thread reads the
-histogram's buckets every `SAMPLE_S` seconds; the difference between two readings is the
-histogram of that window, whose quantiles are read as the upper bound of the bucket they fall
-in (what Prometheus' `histogram_quantile` would answer, without its interpolation: an upper
-bound never makes a lag look smaller than it was). The sampler starts with the first console
-page, so a service nobody looks at pays nothing.
+histogram's buckets at every multiple of `SAMPLE_S` seconds of the wall clock; the difference
+between two readings is the histogram of that window, named by its end. Windows end on the
+wall clock's boundaries, not at some offset from when the sampler started, so the windows of
+the processes of one machine (`serve --processes`) end together and are summed bucket by
+bucket (`lag_merge`): a quantile of several processes is read from their summed histogram,
+never from their quantiles. A quantile is the upper bound of the bucket it falls in (what
+Prometheus' `histogram_quantile` would answer, without its interpolation: an upper bound
+never makes a lag look smaller than it was). The sampler starts with the first console page
+(or the first time a sibling asks for its windows), so a service nobody looks at pays
+nothing; what was published before it started is in no window.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
+import msgspec
 from markupsafe import Markup
 
 from nereus.runtime.metrics import Metrics
@@ -25,6 +32,8 @@ from nereus.runtime.metrics import Metrics
 FIRE_LAG: Final = "nereus_fire_lag_seconds"
 SAMPLE_S: Final = 10.0
 WINDOWS: Final = 30  # five minutes of ten-second windows
+# The sampler wakes this long after a boundary, so the clock it reads is past it.
+_WAKE_LATE_S: Final = 0.005
 
 
 class Window(NamedTuple):
@@ -32,6 +41,21 @@ class Window(NamedTuple):
     published: int
     p50_s: float | None
     p99_s: float | None
+
+
+class LagDeltas(msgspec.Struct, frozen=True):
+    """A process's fire-lag histogram per window: the bucket bounds (empty before any
+    observation) and, oldest first, each window's end (a multiple of `SAMPLE_S`; the open
+    window's is the next boundary) with its count per bucket (empty: nothing observed yet),
+    the values above every bound last. What a sibling answers for the chart."""
+
+    bounds: list[float]
+    windows: list[tuple[float, list[float]]]
+
+
+def boundary_s(at_s: float) -> float:
+    """The latest window boundary at or before `at_s`."""
+    return math.floor(at_s / SAMPLE_S) * SAMPLE_S
 
 
 def quantile(bounds: Sequence[float], counts: Sequence[float], q: float) -> float | None:
@@ -49,10 +73,24 @@ def quantile(bounds: Sequence[float], counts: Sequence[float], q: float) -> floa
     return float("inf")
 
 
+def summarize(deltas: LagDeltas) -> list[Window]:
+    """Each window's publications, p50 and p99, oldest first."""
+    return [
+        Window(
+            end,
+            int(sum(counts)),
+            quantile(deltas.bounds, counts, 0.5),
+            quantile(deltas.bounds, counts, 0.99),
+        )
+        for end, counts in deltas.windows
+    ]
+
+
 class LagSampler:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._lock = threading.Lock()
+        # (boundary, counts read there), oldest first; empty counts: no histogram yet.
         self._readings: deque[tuple[float, list[float]]] = deque(maxlen=WINDOWS + 1)
         self._bounds: tuple[float, ...] = ()
         self._thread: threading.Thread | None = None
@@ -72,46 +110,56 @@ class LagSampler:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
+        while True:
+            now_s = time.time()
+            if self._stop.wait(boundary_s(now_s) + SAMPLE_S + _WAKE_LATE_S - now_s):
+                return
             self.sample()
 
-    def sample(self, now_s: float | None = None) -> None:
+    def _read(self) -> list[float]:
+        """The histogram's counts now (empty before any observation); keeps its bounds."""
         found = self._metrics.histogram(FIRE_LAG)
-        at = time.time() if now_s is None else now_s
+        if found is None:
+            return []
         with self._lock:
-            if found is None:
-                self._readings.append((at, []))
-                return
-            self._bounds, counts = found[0], list(found[1])
-            self._readings.append((at, counts))
+            self._bounds = found[0]
+        return list(found[1])
 
-    def windows(self, now_s: float | None = None) -> list[Window]:
-        """Each window between two readings, oldest first, then the one still open (from the
-        last reading to now), so a page shows the lag of the seconds just past."""
-        found = self._metrics.histogram(FIRE_LAG)
+    def sample(self, now_s: float | None = None) -> None:
+        """Record the reading of the latest boundary, unless it is recorded already. Read a
+        little after the boundary, it is filed under it: the lags of those milliseconds count
+        in the window that just ended, and in no other."""
+        at = boundary_s(time.time() if now_s is None else now_s)
+        with self._lock:
+            if self._readings and self._readings[-1][0] >= at:
+                return
+        counts = self._read()
+        with self._lock:
+            if not self._readings or self._readings[-1][0] < at:
+                self._readings.append((at, counts))
+
+    def deltas(self, now_s: float | None = None) -> LagDeltas:
+        """Each window between two readings, then the one still open (from the last reading
+        to now), so a page shows the lag of the seconds just past. A boundary the sampler
+        thread has not reached yet (it is late) is read here first, so the open window ends
+        at the next boundary, as every process's does."""
         at = time.time() if now_s is None else now_s
+        self.sample(at)
+        counts_now = self._read()
         with self._lock:
             readings = list(self._readings)
-            if found is not None:
-                self._bounds = found[0]
-            bounds = self._bounds
+            bounds = list(self._bounds)
         if readings:
-            readings.append((at, list(found[1]) if found is not None else []))
-        out: list[Window] = []
+            readings.append((readings[-1][0] + SAMPLE_S, counts_now))
+        windows: list[tuple[float, list[float]]] = []
         for (_, before), (end, after) in itertools.pairwise(readings):
-            if not after:
-                out.append(Window(end, 0, None, None))
-                continue
-            delta = [a - (before[i] if i < len(before) else 0.0) for i, a in enumerate(after)]
-            out.append(
-                Window(
-                    end,
-                    int(sum(delta)),
-                    quantile(bounds, delta, 0.5),
-                    quantile(bounds, delta, 0.99),
-                )
+            windows.append(
+                (end, [a - (before[i] if i < len(before) else 0.0) for i, a in enumerate(after)])
             )
-        return out
+        return LagDeltas(bounds, windows)
+
+    def windows(self, now_s: float | None = None) -> list[Window]:
+        return summarize(self.deltas(now_s))
 
 
 def chart(windows: Sequence[Window], width: int = 600, height: int = 140) -> Markup:

@@ -68,7 +68,7 @@ async def overview(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
     )
     usage = await c.api._read(c.api.service.tenant_usage, ctx.who.tenant)
     metrics = c.api.service.metrics
-    windows = c.lag.windows()
+    lag = await c.api._read(c.lag_view)
     return render.page(
         "overview.html",
         c.context(
@@ -77,8 +77,11 @@ async def overview(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
             shards=shards,
             usage=usage,
             early=int(metrics.total("nereus_early_deliveries_total")),
-            chart=chart(windows),
-            windows=windows[-6:],
+            chart=chart(lag.windows),
+            windows=lag.windows[-6:],
+            published=sum(w.published for w in lag.windows),
+            lag_covered=lag.covered,
+            lag_processes=lag.processes,
             blocked=c.api.policy.blocked(ctx.who.tenant),
         ),
     )

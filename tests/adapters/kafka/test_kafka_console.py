@@ -1,7 +1,8 @@
 """The console in Kafka mode, against the real broker: `nereus serve --kafka --processes 2`
 answers every console page for the whole machine, whichever process accepts the connection
-(as /metrics does): the overview lists every shard, a timer's story is found on any shard,
-with the Kafka evidence of its publication (topic, partition, offset)."""
+(as /metrics does): the overview lists every shard, its fire-lag windows count the
+publications of every process, a timer's story is found on any shard, with the Kafka
+evidence of its publication (topic, partition, offset)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,24 @@ def _shards_listed(text: str) -> set[int]:
     return {int(n) for n in re.findall(r"<tr class=\"state-[^\"]+\">\s*<td>(\d+)</td>", table)}
 
 
+def _lag(text: str) -> tuple[str, int]:
+    """The fire-lag chart's scope and the publications counted in its windows."""
+    scope = re.search(r'<span id="lag-scope">(.*?)</span>', text)
+    published = re.search(r'<span id="lag-published">(\d+)</span>', text)
+    assert scope is not None and published is not None
+    return scope.group(1), int(published.group(1))
+
+
+def _delivered_by_owner(text: str) -> dict[str, int]:
+    """Each shard owner's deliveries, from the overview's shard table."""
+    table = text[text.index('id="shards"') : text.index("</table>", text.index('id="shards"'))]
+    found: dict[str, int] = {}
+    for row in re.findall(r"<tr class=\"state-[^\"]+\">(.*?)</tr>", table, re.S):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        found[cells[2]] = found.get(cells[2], 0) + int(cells[11])
+    return found
+
+
 def test_every_process_answers_the_console_for_the_whole_machine(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -53,6 +72,13 @@ def test_every_process_answers_the_console_for_the_whole_machine(
         sup.start().wait_serving()
         wait_until(lambda: len(_serving(sup)) == PROCESSES, 60, "both processes serving")
         wait_until(lambda: _all_active(sup), 90, "the shards spread over both processes")
+        # The first overview starts the lag sampler of the process that answers it and, by
+        # asking them, its siblings': publications before that are in no window.
+        wait_until(
+            lambda: _lag(_page(f"{sup.url}/console/overview"))[0] == f"all {PROCESSES} processes",
+            30,
+            "the lag chart covering both processes",
+        )
         schedule_many(sup, keys, delay_ms=0)
 
         def published() -> bool:
@@ -60,6 +86,11 @@ def test_every_process_answers_the_console_for_the_whole_machine(
             return "verdict-PUBLISHED" in text
 
         wait_until(published, 60, "the last timer published")
+        wait_until(
+            lambda: _lag(_page(f"{sup.url}/console/overview"))[1] == len(keys),
+            30,
+            "every publication in the lag windows",
+        )
         overviews = [_page(f"{sup.url}/console/overview") for _ in range(ASKS)]
         stories = [_page(f"{sup.url}/console/timer?queue={topics.queue}&key={k}") for k in keys]
         queues = [_page(f"{sup.url}/console/queues") for _ in range(ASKS)]
@@ -68,6 +99,12 @@ def test_every_process_answers_the_console_for_the_whole_machine(
         sup.kill()
     for text in overviews:
         assert _shards_listed(text) == set(range(SHARDS))
+        # The timers fired on shards of both processes, and whichever process answered,
+        # its chart counts them all.
+        delivered = _delivered_by_owner(text)
+        assert len(delivered) == PROCESSES and all(delivered.values()), delivered
+        assert sum(delivered.values()) == len(keys)
+        assert _lag(text) == (f"all {PROCESSES} processes", len(keys))
     for key, text in zip(keys, stories, strict=True):
         assert 'id="status"' in text and ">DELIVERED<" in text, key
         assert "SCHEDULE_V1" in text and "verdict-PUBLISHED" in text, key
