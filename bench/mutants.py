@@ -1156,7 +1156,8 @@ CONSOLE = (
             "service/inspect_store.py",
             "    if not isinstance(m, Message) or m.tenant != tenant:\n        return None\n"
             "    return m if queue is None",
-            "    if not isinstance(m, Message):\n        return None\n    return m if queue is None",
+            "    if not isinstance(m, Message):\n        return None\n"
+            "    return m if queue is None",
         ),
         ("tests/service/test_console_reads.py", "tests/console/test_console_dead_letters.py"),
         quick_tests=("tests/service/test_console_reads.py",),
