@@ -30,6 +30,7 @@ from nereus.adapters.http.console.session import (
 )
 from nereus.adapters.http.errors import ApiError, Response
 from nereus.adapters.tenancy import Principal
+from nereus.service.audit_view import AuditPort
 from nereus.service.inspect import Inspection
 from nereus.storage.store import ShardStore
 
@@ -71,7 +72,11 @@ class Console:
         self.api = api
         self.sessions = Sessions(session_key)
         self.lag = LagSampler(api.service.metrics)
-        self.audits = Audits(self.local_stores)
+        # The audits this process runs; `audits` answers for the machine (under
+        # `--processes`, `adapters.compose.processes.join_siblings` sets it to ask the
+        # siblings as well).
+        self.local_audits = Audits(self.local_store_paths)
+        self.audits: AuditPort = self.local_audits
 
     @property
     def inspection(self) -> Inspection | None:
@@ -83,9 +88,12 @@ class Console:
         inspection = self.inspection
         return inspection.shard_stores() if inspection is not None else {}
 
+    def local_store_paths(self) -> Mapping[int, str]:
+        return {shard: store.path for shard, store in self.local_stores().items()}
+
     def close(self) -> None:
         self.lag.stop()
-        self.audits.stop()
+        self.local_audits.stop()
 
     async def respond(
         self, method: str, raw_path: str, query: str, body: bytes, headers: Mapping[str, str]
