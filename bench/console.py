@@ -23,8 +23,8 @@ are nearest-rank over the measured renders (`bench.common.pct`). An answer other
 counted and shown with the API's logged traceback, not timed, and fails its page.
 
 Three conditions, each judged alone: `calm` (the store as built); `audit`, while the
-console's own audit (`replay --verify` of the shard on a thread of this process, started as
-its button would) runs, for as long as it runs; `burst`, after `--burst` timers of one queue
+console's own audit (`replay --verify` of the shard in a child process of this one, started
+as its button would) runs, for as long as it runs; `burst`, after `--burst` timers of one queue
 came due at one instant and were delivered, so that the publications the queue pages look
 for among the newest log entries are as many as a round hour's reminders leave.
 
@@ -446,15 +446,20 @@ Measure = Callable[[str, Callable[[], bool]], dict[str, Any]]
 
 
 def _during_audit(api: TimerApi, measure: Measure) -> dict[str, Any]:
-    """The pages while the console's own audit (`replay --verify` of the shard, on a thread
-    of this process) runs: for as long as it runs, up to the rounds of the others."""
-    job = api.console.audits.start(0, "bench")
-    if job is None:
+    """The pages while the console's own audit (`replay --verify` of the shard, in a child
+    process) runs: for as long as it runs, up to the rounds of the others."""
+    audits = api.console.audits
+    if audits.start(0, "bench") is None:
         raise RuntimeError("console: no audit of shard 0")
+
+    def running() -> bool:
+        return audits.jobs()[0].state == "running"
+
     started = time.monotonic()
-    phase = measure("audit", lambda: job.state == "running")
+    phase = measure("audit", running)
     running_s = time.monotonic() - started
-    _until("the audit", lambda: job.state != "running", AUDIT_WAIT_S)
+    _until("the audit", lambda: not running(), AUDIT_WAIT_S)
+    job = audits.jobs()[0]
     phase["audit"] = {
         "state": job.state,
         "entries_folded": job.entries_folded,

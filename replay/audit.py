@@ -10,7 +10,9 @@ position, from the newest snapshot below it if the log was compacted, so a write
 meanwhile changes neither side. The fold runs in memory, or into a scratch LMDB store when
 the state to rebuild covers more than `AUTO_DISK_POSITIONS` positions (`fold="auto"`).
 `on_progress(done, total)` is called as entries are folded; a `cancel` event stops a fold
-between entries (`AuditCancelled`).
+between entries (`AuditCancelled`). `open_read_only` is how both open a store they only read
+from another process than its writer's: no lock, no write, no invariant check at open (the
+verification is the check).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from nereus.replay.fold import ReplayResult, replay
 from nereus.replay.verify import first_difference
 from nereus.storage.errors import StoreError
 from nereus.storage.memory import MemoryStore
+from nereus.storage.schema import StoreOptions
 from nereus.storage.snapshot import latest_snapshot, read_snapshot, read_snapshot_header
 from nereus.storage.store import ShardStore
 
@@ -42,6 +45,13 @@ Progress = Callable[[int, int], None]
 
 class AuditCancelled(Exception):
     """The fold was asked to stop (`cancel` was set)."""
+
+
+def open_read_only(path: str) -> ShardStore:
+    """The store at `path`, opened beside whichever process writes it (StoreError: none
+    there, or one that cannot be trusted, with the file and the reason)."""
+    options = StoreOptions(check_invariants_on_open=False)
+    return ShardStore.open(path, options=options, create=False, read_only=True)
 
 
 def replay_open(

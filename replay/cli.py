@@ -37,13 +37,12 @@ from typing import Any, Protocol
 import msgspec
 
 from nereus.kernel.invariants import InvariantViolation, assert_invariants
-from nereus.replay.audit import folded, replay_open
+from nereus.replay.audit import folded, open_read_only, replay_open
 from nereus.replay.fold import ReplayResult
 from nereus.replay.layout import shard_stores
 from nereus.replay.progress import Progress
 from nereus.storage.errors import StoreError
 from nereus.storage.jsonl import JsonlLog
-from nereus.storage.schema import StoreOptions
 from nereus.storage.store import ShardStore
 
 
@@ -269,8 +268,7 @@ def _replay_store(
     """Replay one store to --to (or its log's end); with --verify, compare it with the store
     (`replay.audit.replay_open`). The store is opened read-only, so this runs beside the
     service that writes it."""
-    options = StoreOptions(check_invariants_on_open=False)
-    with ShardStore.open(path, options=options, create=False, read_only=True) as store:
+    with open_read_only(path) as store:
         progress = Progress("replay", None, enabled=show_progress)
         result, verified, _ = replay_open(
             store,

@@ -8,7 +8,10 @@ it (`--http-fd`), so each connection is accepted by one of them and clients see 
 Reads of a shard another process owns go to that process over a private loopback port
 (`adapters.kafka.siblings`), registered in DATA/siblings with a token made fresh at each start;
 a scrape of /metrics gathers every process's metrics over the same ports and merges them, and
-the console's fire-lag chart sums every process's lag windows (`adapters.http.console.lag_merge`).
+the console's fire-lag chart sums every process's lag windows (`adapters.http.console.lag_merge`);
+the console's audits are started and shown over them too (`adapters.kafka.sibling_audits`).
+The console's sessions are signed with a key derived from that token, so a page's form is
+accepted by whichever process the next connection reaches.
 
 The supervisor owns DATA (`storage.lock`) while it runs, and each process its own data
 directory, DATA/process-<i>, which it keeps across restarts, so a restarted process rejoins
@@ -26,6 +29,8 @@ supervisor's descriptors, and stops as on SIGTERM; the parent-death signal is a 
 from __future__ import annotations
 
 import argparse
+import functools
+import hmac
 import os
 import secrets
 import shutil
@@ -39,7 +44,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from nereus.adapters.compose.lifeline import die_with_parent, lifeline_pipe
+from nereus.adapters.http.console.session import Sessions
 from nereus.adapters.http.server import bind_socket
+from nereus.adapters.kafka.sibling_audits import MachineAudits
 from nereus.adapters.kafka.siblings import (
     TOKEN_ENV,
     SiblingDirectory,
@@ -235,13 +242,15 @@ def join_siblings(
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         raise SystemExit(f"--sibling-dir needs {TOKEN_ENV} (set by the supervisor)")
+    console = api.console
+    inspect = functools.partial(service.inspect_here, audits=console.local_audits)
     reader = SiblingReader(
         token,
         service.peek_here,
         service.part_here,
         api.own_metrics,
-        inspect=service.inspect_here,
-        lag=api.console.lag_answer,
+        inspect=inspect,
+        lag=console.lag_answer,
     )
     registry = SiblingDirectory(directory, name or f"pid-{os.getpid()}")
     reader.start()
@@ -249,7 +258,11 @@ def join_siblings(
     siblings = Siblings(registry, token)
     service.siblings = siblings
     api.machine_metrics = siblings.metrics
-    api.console.sibling_lag = siblings.lag
+    console.sibling_lag = siblings.lag
+    console.audits = MachineAudits(console.local_audits, siblings)
+    # One session key for the machine (derived from the supervisor's token): a console form
+    # read from one process may be posted to whichever process accepts the next connection.
+    console.sessions = Sessions(hmac.digest(token.encode(), b"nereus console sessions", "sha256"))
 
     def leave() -> None:
         registry.unregister()

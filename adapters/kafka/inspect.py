@@ -9,8 +9,10 @@ last snapshot this owner wrote or restored from.
 Under `nereus serve --processes N` the shards are spread over the processes behind one port,
 and a console page must answer for all of them, as `/metrics` does: `MergedInspection` asks
 every sibling the same read over its private port (`Siblings.inspect`, answered by
-`answer_sibling`) and merges the answers. An audit runs in the process that holds the
-shard's store open; the audit page lists that process's shards.
+`answer_sibling`) and merges the answers. An audit runs beside the process that holds the
+shard's store, as a child of it (`adapters.http.console.audit`); `MachineAudits` lets any
+process start one of any shard and show every process's audits, asking the siblings over
+the same port (`audit_start`, `audit_jobs`, answered by each one's own audits).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 from nereus.adapters.kafka.ownership import OwnedShard, ShardOwnership
+from nereus.adapters.kafka.sibling_audits import AUDIT_CALLS
 from nereus.adapters.kafka.siblings import Siblings
+from nereus.service.audit_view import AuditPort
 from nereus.service.inspect import (
     DeadLetter,
     Delivery,
@@ -71,8 +75,13 @@ CALLS: Final[dict[str, Any]] = {
 }
 
 
-def answer_sibling(inspection: Inspection, call: str, args: list[Any]) -> Any:
-    """One console read asked by a sibling, answered from the shards owned here."""
+def answer_sibling(
+    inspection: Inspection, call: str, args: list[Any], audits: AuditPort | None = None
+) -> Any:
+    """One console read (or audit call) asked by a sibling, answered from the shards owned
+    here (and this process's audits)."""
+    if call in AUDIT_CALLS and audits is not None:
+        return audits.jobs() if call == "audit_jobs" else audits.start(*args)
     if call not in CALLS:
         raise ValueError(f"unknown inspection call {call!r}")
     return getattr(inspection, call)(*args)
@@ -90,7 +99,7 @@ class MergedInspection:
         return self.siblings.inspect(call, list(args), CALLS[call])
 
     def shard_stores(self) -> Mapping[int, ShardStore]:
-        return self.local.shard_stores()  # an audit runs where the store is open
+        return self.local.shard_stores()  # an audit runs beside the process holding the store
 
     def shards(self) -> list[ShardHealth]:
         rows = self.local.shards() + [r for part in self._others("shards") for r in part]

@@ -51,6 +51,7 @@ from nereus.runtime.destination import Destination
 from nereus.runtime.guard import check_items
 from nereus.runtime.log import Logger, NullLogger
 from nereus.runtime.metrics import Metrics
+from nereus.service.audit_view import AuditPort
 from nereus.service.clock_bound import clock_problem
 from nereus.service.errors import ShardNotLocal
 from nereus.service.inspect import Inspection
@@ -265,9 +266,11 @@ class KafkaService:
         local = kafka_inspection(self.ownership, self.config.process_id)
         return local if self.siblings is None else MergedInspection(local, self.siblings)
 
-    def inspect_here(self, call: str, args: list[Any]) -> Any:
-        """A sibling's console read, answered from the shards this process owns."""
-        return answer_sibling(kafka_inspection(self.ownership, self.config.process_id), call, args)
+    def inspect_here(self, call: str, args: list[Any], audits: AuditPort | None = None) -> Any:
+        """A sibling's console read, answered from the shards this process owns, or its
+        audit call, answered by this process's `audits` (the console's)."""
+        local = kafka_inspection(self.ownership, self.config.process_id)
+        return answer_sibling(local, call, args, audits)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         states = self.shard_states()

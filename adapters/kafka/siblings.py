@@ -255,6 +255,18 @@ class Siblings:
                 found.append(msgspec.msgpack.decode(body, type=kind))
         return found
 
+    def first(self, call: str, args: list[Any], kind: Any) -> Any:
+        """The first sibling's answer to `call` that is not None, asked in name order (an
+        audit started by the one holding its shard); None when none gives one."""
+        query = {"call": call, "args": msgspec.json.encode(args).decode()}
+        for address in self.directory.others():
+            body = self._get(address, "/inspect", query)
+            if body is not None:
+                answer = msgspec.msgpack.decode(body, type=kind)
+                if answer is not None:
+                    return answer
+        return None
+
     def metrics(self, own: str) -> str:
         """This process's metrics (`own`, its exposition text) merged with every sibling's
         that answers in time, plus how many processes are in the answer and how many

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from nereus.adapters.http.console.audit import Audits
 from nereus.adapters.http.console.session import Session
 from nereus.kernel.keys import message_id
 from tests.support.console_client import Page, Visitor
@@ -25,7 +28,9 @@ from tests.support.http_harness import (
     schedule,
     start_service,
 )
+from tests.support.worker_process import gone
 
+AUDIT_BATCHES = 30  # log entries (each a batch of 100 timers) for an audit to be seen part way
 CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
@@ -227,23 +232,119 @@ def test_a_refused_command_is_in_the_story_with_its_verdict(svc: Service) -> Non
     assert page.text.index("SCHEDULE_V1") < page.text.index("RESCHEDULE_V1")
 
 
-def test_the_audit_replays_the_log_and_shows_equal_digests(svc: Service) -> None:
+def _audit_row(page: Page, shard: int = 0) -> str:
+    found = re.search(rf'<tr class="audit-[a-z]+" id="audit-{shard}">.*?</tr>', page.text, re.S)
+    assert found is not None, page.text
+    return found.group(0)
+
+
+def _row_int(row: str, css_class: str) -> int:
+    found = re.search(rf'class="{css_class}">(\d+)<', row)
+    assert found is not None, row
+    return int(found.group(1))
+
+
+def _progress(row: str) -> tuple[int, int]:
+    found = re.search(r'class="audit-progress">(\d+) / (\d+)<', row)
+    assert found is not None, row
+    return int(found.group(1)), int(found.group(2))
+
+
+def _start_audit(v: Visitor, shard: int = 0) -> None:
+    csrf = v.get("/console/audit").csrf()
+    started = v.post("/console/audit", {"shard": str(shard), "csrf": csrf})
+    assert started.status == 303, started.text
+
+
+def _finished(v: Visitor, shard: int = 0) -> str:
+    rows: list[str] = []
+
+    def done() -> bool:
+        rows.append(_audit_row(v.get("/console/audit"), shard))
+        return "audit-running" not in rows[-1]
+
+    wait("the audit", done)
+    return rows[-1]
+
+
+def test_the_audit_replays_the_log_in_a_child_process_and_shows_equal_digests(
+    svc: Service,
+) -> None:
     svc.post(*(schedule(f"k{i}", delay_ms=100 + i) for i in range(20)))
     wait("the deliveries", lambda: len(svc.delivered(tenant="acme")) == 20)
     v = visitor(svc, "acme-all")
-    csrf = v.get("/console/audit").csrf()
-    started = v.post("/console/audit", {"shard": "0", "csrf": csrf})
-    assert started.status == 303
-
-    def finished() -> Page | None:
-        page = v.get("/console/audit")
-        return page if "audit-running" not in page.text else None
-
-    wait("the audit", lambda: finished() is not None)
-    page = v.get("/console/audit")
-    assert "audit-ok" in page.text, page.text
-    digests = re.findall(r"<td><code>([0-9a-f]{16,})</code></td>", page.text)
+    _start_audit(v)
+    row = _finished(v)
+    assert 'class="audit-ok"' in row, row
+    digests = re.findall(r"<td><code>([0-9a-f]{16,})</code></td>", row)
     assert len(digests) == 2 and digests[0] == digests[1]
+    # It ran in a process of its own, started by the serving process (this one here),
+    # and that process is gone now.
+    pid = _row_int(row, "audit-pid")
+    assert pid != os.getpid() and _row_int(row, "audit-parent") == os.getpid()
+    assert gone(pid)
+    done, total = _progress(row)
+    assert done == total == svc.log_end
+
+
+def test_the_audit_shows_its_progress_and_the_service_stopping_kills_it(svc: Service) -> None:
+    for batch in range(AUDIT_BATCHES):
+        svc.post(*(schedule(f"k{batch}-{i}", delay_ms=3_600_000) for i in range(100)))
+    v = visitor(svc, "acme-all")
+    _start_audit(v)
+    pids: list[int] = []
+
+    def started() -> bool:
+        row = _audit_row(v.get("/console/audit"))
+        if 'class="audit-pid"' in row:
+            pids.append(_row_int(row, "audit-pid"))
+        return bool(pids)
+
+    wait("the audit's process", started)
+    (pid,) = pids[:1]
+    try:
+        # Held stopped, and let run a few milliseconds at a time, until the page shows it
+        # part way through its fold.
+        os.kill(pid, signal.SIGSTOP)
+        row = _audit_row(v.get("/console/audit"))
+        for _ in range(400):
+            if 'class="audit-running"' in row and _progress(row)[0] > 0:
+                break
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.003)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.05)
+            row = _audit_row(v.get("/console/audit"))
+        assert 'class="audit-running"' in row, row
+        done, total = _progress(row)
+        assert 0 < done <= total and total >= AUDIT_BATCHES
+        assert v.get("/console/audit").headers.get("refresh") == "2"
+        svc.server.stop()  # the service stopping stops its audit: the child is killed
+        assert gone(pid)
+        job = svc.api.console.local_audits.jobs()[0]
+        assert job.state == "cancelled" and job.finished_at_ms is not None
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_audit_of_a_store_it_cannot_trust_is_refused_with_the_reason(
+    svc: Service, tmp_path: Path
+) -> None:
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "data.mdb").write_bytes(b"this is no LMDB file" * 512)
+    stores = {0: str(tmp_path / "missing"), 1: str(corrupt)}
+    # The console's own audits, pointed at stores that are not there or not stores.
+    svc.api.console.local_audits = svc.api.console.audits = Audits(lambda: stores)
+    v = visitor(svc, "acme-all")
+    for shard, reason in ((0, "no store here"), (1, "")):
+        _start_audit(v, shard)
+        row = _finished(v, shard)
+        assert 'class="audit-refused"' in row, row
+        message = re.search(r'class="audit-difference">([^<]+)<', row)
+        assert message is not None and stores[shard] in message.group(1)
+        assert reason in message.group(1)
 
 
 def test_console_requests_are_counted_under_their_route(svc: Service) -> None:

@@ -10,6 +10,7 @@ it: status, code and message.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
@@ -123,12 +124,21 @@ async def unblock(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
 
 @route("GET", "/console/audit", "admin")
 async def audit_page(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
-    jobs = c.audits.jobs()
+    # Every shard of the service, whichever process holds it: its audit runs there.
+    insp = c.inspection
+    shards = await c.api._read(insp.shards) if insp is not None else []
+    jobs = await c.api._read(c.audits.jobs)
     running = any(j.state == "running" for j in jobs.values())
-    stores = c.local_stores()
     return render.page(
         "audit.html",
-        c.context(ctx, "Audit", jobs=jobs, shards=sorted(stores), running=running),
+        c.context(
+            ctx,
+            "Audit",
+            jobs=jobs,
+            shards=sorted({h.shard for h in shards}),
+            running=running,
+            answered_by=os.getpid(),
+        ),
         headers=(("Refresh", "2"),) if running else (),
     )
 
@@ -139,9 +149,9 @@ async def audit_start(c: Console, ctx: Ctx, _: dict[str, str]) -> Response:
         shard = int(ctx.form.get("shard", ""), 10)
     except ValueError:
         return c.refusal("shard must be a number", 400, ctx)
-    job = c.audits.start(shard, ctx.who.subject or ctx.who.tenant)
+    job = await c.api._read(c.audits.start, shard, ctx.who.subject or ctx.who.tenant)
     if job is None:
-        return c.refusal(f"shard {shard} is not held by this process", 404, ctx)
+        return c.refusal(f"shard {shard} is held by no process of this service now", 404, ctx)
     c.api.log.info("console_audit", shard=shard, by=ctx.who.subject)
     return render.redirect(f"{PREFIX}/audit")
 

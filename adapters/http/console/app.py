@@ -33,6 +33,7 @@ from nereus.adapters.http.console.session import (
 )
 from nereus.adapters.http.errors import ApiError, Response
 from nereus.adapters.tenancy import Principal
+from nereus.service.audit_view import AuditPort
 from nereus.service.inspect import Inspection
 from nereus.storage.store import ShardStore
 
@@ -79,7 +80,11 @@ class Console:
         # Under `serve --processes`: asks every sibling for its lag windows (set by
         # `adapters.compose.processes.join_siblings`); None draws this process's alone.
         self.sibling_lag: SiblingLag | None = None
-        self.audits = Audits(self.local_stores)
+        # The audits this process runs; `audits` answers for the machine (under
+        # `--processes`, `adapters.compose.processes.join_siblings` sets it to ask the
+        # siblings as well).
+        self.local_audits = Audits(self.local_store_paths)
+        self.audits: AuditPort = self.local_audits
 
     @property
     def inspection(self) -> Inspection | None:
@@ -101,9 +106,12 @@ class Console:
         self.lag.start()
         return msgspec.msgpack.encode(self.lag.deltas())
 
+    def local_store_paths(self) -> Mapping[int, str]:
+        return {shard: store.path for shard, store in self.local_stores().items()}
+
     def close(self) -> None:
         self.lag.stop()
-        self.audits.stop()
+        self.local_audits.stop()
 
     async def respond(
         self, method: str, raw_path: str, query: str, body: bytes, headers: Mapping[str, str]
