@@ -66,3 +66,14 @@ def create_topic(
             return name
         time.sleep(0.05)
     raise TimeoutError(f"topic {name} has no leaders after {timeout_s} s")
+
+
+def destination_topic(bootstrap: str) -> str:
+    """A fresh two-partition destination whose records carry the broker's append time: the
+    evidence timestamps a publication's check compares with deliverAt."""
+    return create_topic(
+        bootstrap,
+        unique_topic("dest"),
+        partitions=2,
+        config={"message.timestamp.type": "LogAppendTime"},
+    )

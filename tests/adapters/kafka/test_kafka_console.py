@@ -25,7 +25,7 @@ from tests.adapters.kafka.test_kafka_processes import (
 from tests.support import kafka_env
 from tests.support.console_client import Page, Visitor
 from tests.support.kafka_cluster import ServiceProc, Topics, schedule_many, wait_until
-from tests.support.kafka_env import create_topic, unique_topic
+from tests.support.kafka_env import destination_topic
 
 kafka_bootstrap = kafka_env.kafka_bootstrap
 
@@ -65,12 +65,7 @@ def _delivered_by_owner(text: str) -> dict[str, int]:
 def test_every_process_answers_the_console_for_the_whole_machine(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    destination = create_topic(
-        kafka_bootstrap,
-        unique_topic("dest"),
-        partitions=2,
-        config={"message.timestamp.type": "LogAppendTime"},
-    )
+    destination = destination_topic(kafka_bootstrap)
     topics = Topics.unique(destination)
     sup = _supervisor(kafka_bootstrap, topics, tmp_path)
     keys = [f"c{i}" for i in range(16)]

@@ -29,7 +29,7 @@ from tests.support.kafka_cluster import (
     schedule_many,
     wait_until,
 )
-from tests.support.kafka_env import create_topic, unique_topic
+from tests.support.kafka_env import destination_topic, unique_topic
 from tests.support.lifeline_worker import pipe_ends
 from tests.support.worker_process import gone
 
@@ -98,12 +98,7 @@ def _listed(sup: ServiceProc) -> list[str]:
 def test_processes_share_the_shards_behind_one_address(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    destination = create_topic(
-        kafka_bootstrap,
-        unique_topic("dest"),
-        partitions=2,
-        config={"message.timestamp.type": "LogAppendTime"},
-    )
+    destination = destination_topic(kafka_bootstrap)
     topics = Topics.unique(destination)
     sup = _supervisor(kafka_bootstrap, topics, tmp_path)
     pending = [f"p{i}" for i in range(TIMERS // 2)]
@@ -207,12 +202,7 @@ def _own_metrics(sup: ServiceProc) -> dict[str, str]:
 
 
 def test_one_scrape_answers_for_every_process(kafka_bootstrap: str, tmp_path: Path) -> None:
-    destination = create_topic(
-        kafka_bootstrap,
-        unique_topic("dest"),
-        partitions=2,
-        config={"message.timestamp.type": "LogAppendTime"},
-    )
+    destination = destination_topic(kafka_bootstrap)
     sup = _supervisor(kafka_bootstrap, Topics.unique(destination), tmp_path)
     keys = [f"m{i}" for i in range(40)]
     try:
